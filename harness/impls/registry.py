@@ -1,0 +1,142 @@
+"""Registry of named implementations.
+
+An implementation is an `Impl`: a name, the devices it runs on, and a dict from op name (as
+documented in `harness.ops`) to a callable that follows that op's contract. Ops an
+implementation lacks are simply absent: suites skip them with a reason.
+
+Three ways in:
+* built-in modules listed in `BUILTIN_MODULES` (each calls `register` at import);
+* the entry-point group `ssm_harness.impls` (each entry point names an `Impl` object or a
+  zero-argument callable returning one);
+* `--impl module:object` on the pytest or harness command line (`load_spec`).
+
+Example of an outside implementation (a file `my_kernels.py` on the Python path)::
+
+    from harness.impls import Impl
+    def my_conv(x, weight, bias=None, **kw): ...
+    IMPL = Impl(name="mine", devices=("cuda",), ops={"causal_conv1d_varlen": my_conv})
+
+    pytest suites/ --device cuda --impl my_kernels:IMPL
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+ENTRY_POINT_GROUP = "ssm_harness.impls"
+
+# Our own implementations and the adapters for third-party kernels, in listing order.
+BUILTIN_MODULES = [
+    "harness.impls.reference_impl",
+    "harness.impls.torch",
+    "harness.impls.triton",
+    "harness.impls.adapters.mamba_ssm",
+    "harness.impls.adapters.causal_conv1d",
+    "harness.impls.adapters.fla",
+]
+
+DEVICE_KINDS = ("cpu", "cuda", "xpu")
+
+
+@dataclass
+class Impl:
+    name: str
+    ops: dict[str, Callable]
+    devices: tuple[str, ...] = ("cpu",)
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    deterministic: bool = True
+    description: str = ""
+    # Returns None when usable, else the reason it is not (e.g. "package mamba_ssm not importable").
+    unavailable: Callable[[], str | None] = field(default=lambda: None)
+
+    def supports(self, device: str) -> bool:
+        return device.split(":")[0] in self.devices
+
+    def why_unavailable(self, device: str | None = None) -> str | None:
+        reason = self.unavailable()
+        if reason:
+            return reason
+        if device is not None and not self.supports(device):
+            return f"implementation {self.name!r} runs on {list(self.devices)}, not on {device.split(':')[0]}"
+        return None
+
+    def op(self, name: str) -> Callable:
+        if name not in self.ops:
+            raise KeyError(f"op: implementation {self.name!r} provides {sorted(self.ops)}, not {name!r}")
+        return self.ops[name]
+
+
+_REGISTRY: dict[str, Impl] = {}
+_loaded = False
+
+
+def register(impl: Impl, replace: bool = False) -> Impl:
+    if not isinstance(impl, Impl):
+        raise ValueError(f"impl: expected a harness.impls.Impl, got {type(impl).__name__}")
+    bad = [d for d in impl.devices if d not in DEVICE_KINDS]
+    if bad:
+        raise ValueError(f"impl.devices: expected entries of {DEVICE_KINDS}, got {bad}")
+    if impl.name in _REGISTRY and not replace and _REGISTRY[impl.name] is not impl:
+        raise ValueError(f"impl.name: expected a name not yet registered, got {impl.name!r} (already registered)")
+    _REGISTRY[impl.name] = impl
+    return impl
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in BUILTIN_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            # Only a module of ours that does not exist (yet) is skipped; a missing third-party
+            # package inside an adapter is handled by the adapter itself (Impl.unavailable).
+            if e.name != mod and not mod.startswith(str(e.name) + "."):
+                raise
+    try:
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            obj = ep.load()
+            register(obj() if callable(obj) and not isinstance(obj, Impl) else obj, replace=True)
+    except Exception as e:  # noqa: BLE001 - report which entry point broke
+        raise RuntimeError(f"entry point group {ENTRY_POINT_GROUP}: failed to load: {e}") from e
+
+
+def load_spec(spec: str) -> Impl:
+    """Load `module:object` (an Impl or a callable returning one) and register it."""
+    if ":" not in spec:
+        raise ValueError(f"--impl: expected a registered name or 'module:object', got {spec!r}")
+    mod_name, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ValueError(f"--impl {spec}: expected an importable module {mod_name!r}, got {e}") from None
+    if not hasattr(mod, attr):
+        raise ValueError(f"--impl {spec}: expected module {mod_name!r} to define {attr!r}, got no such name")
+    obj = getattr(mod, attr)
+    impl = obj() if callable(obj) and not isinstance(obj, Impl) else obj
+    return register(impl, replace=True)
+
+
+def all_impls() -> dict[str, Impl]:
+    _load_builtins()
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Impl:
+    if ":" in name:
+        return load_spec(name)
+    impls = all_impls()
+    if name not in impls:
+        raise ValueError(f"--impl: expected one of {sorted(impls)} or 'module:object', got {name!r}")
+    return impls[name]
+
+
+def implementations_for(device: str) -> list[Impl]:
+    """Registered implementations that run on `device` and are usable on this machine."""
+    return [i for i in all_impls().values() if i.why_unavailable(device) is None]

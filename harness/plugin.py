@@ -1,0 +1,131 @@
+"""The ssm-harness pytest plugin.
+
+Options
+  --device {auto,cpu,cuda,xpu}   where the implementations run (a device the machine lacks is a usage error)
+  --impl NAME                    repeatable; a registered name or `module:object`; default: every
+                                 registered implementation usable on the device
+  --profile {ci,dev,nightly}     hypothesis profile (ci is the default)
+  --results PATH                 append one JSONL record per comparison (see harness.records)
+
+Fixtures
+  device   the torch device string for this worker (e.g. "cpu", "cuda:0")
+  impl     an `Impl`, parametrized over the selected implementations (tests that take it run once each)
+  check    a `Checker`: `check.close(name, actual, expected, op=..., ...)` compares with the reference,
+           writes a record and fails with a message that says what, where, tolerance and how to reproduce
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import devices
+
+PROFILES = ("ci", "dev", "nightly")
+_STATE: dict = {}
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("ssm-harness")
+    g.addoption("--device", action="store", default="auto", choices=devices.CHOICES,
+                help="device the implementations run on (default: auto = cuda, else xpu, else cpu)")
+    g.addoption("--impl", action="append", default=None, metavar="NAME",
+                help="implementation to test (repeatable; a registered name or module:object)")
+    g.addoption("--profile", action="store", default="ci", choices=PROFILES,
+                help="hypothesis profile: ci (fast, default), dev, nightly (deep)")
+    g.addoption("--results", action="store", default=None, metavar="PATH",
+                help="append result records (JSONL) to PATH")
+
+
+def _register_profiles():
+    from hypothesis import HealthCheck, settings
+    common = dict(deadline=None, print_blob=True,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                         HealthCheck.function_scoped_fixture])
+    settings.register_profile("ci", max_examples=8, **common)
+    settings.register_profile("dev", max_examples=40, **common)
+    settings.register_profile("nightly", max_examples=300, **common)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA or XPU device")
+    try:
+        device = devices.resolve(config.getoption("device"))
+    except devices.DeviceUnavailable as e:
+        raise pytest.UsageError(str(e)) from None
+    if device == "cpu":
+        # Triton kernels run on CPU tensors through the interpreter; it must be set before any
+        # @triton.jit definition is executed.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    device = devices.worker_device(device)
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.set_device(device)
+
+    _register_profiles()
+    from hypothesis import settings
+    profile = config.getoption("profile")
+    settings.load_profile(profile)
+
+    from harness.impls import registry
+    names = config.getoption("impl")
+    try:
+        if names:
+            impls = [registry.get(n) for n in names]
+            for i in impls:
+                why = i.why_unavailable(device)
+                if why:
+                    raise pytest.UsageError(f"--impl {i.name}: not usable here: {why}")
+        else:
+            impls = registry.implementations_for(device)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+    writer = None
+    results = config.getoption("results")
+    if results:
+        from harness.env import environment
+        from harness.records import RecordWriter
+        run_id = os.environ.get("HARNESS_RUN_ID")
+        writer = RecordWriter(results, run_id=run_id)
+        os.environ.setdefault("HARNESS_RUN_ID", writer.run_id)  # xdist workers share the run id
+        env = environment(device)
+        writer.write("env", env=env, profile=profile,
+                     hypothesis_seed=config.getoption("hypothesis_seed", None),
+                     impls=[i.name for i in impls], worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    _STATE.update(device=device, impls=impls, writer=writer, profile=profile)
+
+
+def pytest_report_header(config):
+    if not _STATE:
+        return None
+    return (f"ssm-harness: device={_STATE['device']} impls={[i.name for i in _STATE['impls']]} "
+            f"profile={_STATE['profile']} results={config.getoption('results')}")
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" in metafunc.fixturenames:
+        impls = _STATE.get("impls", [])
+        metafunc.parametrize("impl", impls, ids=[i.name for i in impls], scope="function")
+
+
+def selected_impls():
+    return list(_STATE.get("impls", []))
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return _STATE["device"]
+
+
+@pytest.fixture(scope="session")
+def results_writer():
+    return _STATE.get("writer")
+
+
+@pytest.fixture
+def check(request, device, results_writer):
+    from harness.checker import Checker
+    return Checker(test_id=request.node.nodeid, device=device, writer=results_writer)
