@@ -1,0 +1,60 @@
+"""Helpers the op suites share: state pools (contiguous or page-major strided views), slot choice,
+and the untouched-slot check.
+
+A page-major pool mimics an engine that keeps all of a slot's layers in one page: the pool is a view
+into a larger buffer whose slot stride exceeds the slot's numel, so kernels that ignore strides fail.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from harness.checks import assert_bitwise_equal
+from harness.ops import PAD_SLOT_ID
+
+LAYOUTS = ("contiguous", "page_major")
+
+
+def make_pool(num_slots: int, slot_shape: tuple, dtype: torch.dtype, device, layout: str = "contiguous",
+              seed: int = 0, extra: int = 7) -> torch.Tensor:
+    """A pool of `num_slots` random slots of `slot_shape`. `page_major` returns a strided view whose
+    slot stride is numel(slot) + `extra` (another "layer" living in the same page)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    g = torch.Generator().manual_seed(seed)
+    numel = 1
+    for s in slot_shape:
+        numel *= s
+    if layout == "contiguous":
+        return torch.randn((num_slots,) + tuple(slot_shape), generator=g, dtype=torch.float32).to(device, dtype)
+    page = numel + extra
+    buf = torch.randn(num_slots * page, generator=g, dtype=torch.float32).to(device, dtype)
+    return buf.as_strided((num_slots,) + tuple(slot_shape),
+                          (page,) + tuple(torch.empty(slot_shape).stride()))
+
+
+def choose_slots(num_requests: int, num_slots: int, rng: random.Random, pad_prob: float = 0.0) -> list[int]:
+    """Distinct slots for the live requests; some requests become pads with probability `pad_prob`."""
+    if num_requests > num_slots:
+        raise ValueError(f"num_requests: expected at most num_slots={num_slots}, got {num_requests}")
+    slots = rng.sample(range(num_slots), num_requests)
+    return [PAD_SLOT_ID if rng.random() < pad_prob else s for s in slots]
+
+
+def assert_untouched(pool_before: torch.Tensor, pool_after: torch.Tensor, live_slots, name="pool") -> None:
+    """Every slot not in `live_slots` is bit-for-bit unchanged (pad slots included)."""
+    live = set(int(s) for s in live_slots if s != PAD_SLOT_ID)
+    for s in range(pool_before.shape[0]):
+        if s not in live:
+            assert_bitwise_equal(f"{name}[{s}] (slot not named by the batch)", pool_after[s], pool_before[s])
+
+
+def live_token_mask(query_start_loc, indices) -> torch.Tensor:
+    """Boolean mask over packed tokens: True where the token belongs to a non-pad request."""
+    q = query_start_loc.cpu().tolist()
+    m = torch.zeros(q[-1], dtype=torch.bool)
+    for i, s in enumerate(indices.cpu().tolist() if torch.is_tensor(indices) else indices):
+        if s != PAD_SLOT_ID:
+            m[q[i]:q[i + 1]] = True
+    return m
