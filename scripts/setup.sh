@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Installs everything the project needs on a fresh CPU machine (2 cores, no GPU).
+# Installs everything the project needs on a fresh CPU machine (2 cores, no GPU, Debian, Python 3.11).
 # torch is pinned to the local CPU build first, so nothing pulls a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev]" 2>/dev/null || python -m pip install -q -e .
-python -c "import torch, triton, transformers; print('setup: torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+python -m pip install -q -e .
+# Headless Chromium renders the HTML report in the report suite (Debian's package).
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "setup: could not install chromium; the report's browser test will be skipped" >&2
+  else
+    echo "setup: chromium missing and apt-get unavailable (not root?); the report's browser test will be skipped" >&2
+  fi
+fi
+python -c "import torch, triton, transformers; print('setup: torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"

@@ -1,0 +1,326 @@
+"""`harness gate --baseline A --candidate B`: does run B regress against run A?
+
+Cases
+  comparisons are keyed by (test_id/name, op, impl, dtype, shape); several records under one key
+  (e.g. hypothesis examples of equal shape) merge: verdict fails if any failed, error = the worst.
+  timings are keyed by (bench, op, impl, dtype, shape); several records under one key: the last wins.
+
+Findings that gate (exit code 1)
+  accuracy      a comparison that passed in the baseline fails in the candidate (matched by key; for
+                hypothesis-drawn shapes that differ between runs: any failing example of a
+                (test, op, impl, dtype) group that passed everywhere in the baseline);
+  new-failure   a failing comparison in a group the baseline does not have;
+  error-growth  a matched comparison whose error ratio grew beyond
+                max(err_floor_frac x tolerance ratio, err_k x baseline error ratio);
+  performance   tok/s (else GB/s, else 1/ms) below (1 - threshold') x baseline, where
+                threshold' = threshold + noise_k x max(p20-p80 spread / p50 of either run), so noise
+                does not gate; peers' timings (peer=true) are gated only with --gate-peers;
+  missing       a baseline case (comparison group or timing) absent from the candidate.
+Informational: still-failing comparisons, improvements, new cases, shapes hypothesis drew differently.
+
+Exit codes: 0 clean, 1 regression found, 2 usage error or unreadable input (including runs from
+different devices without --allow-cross-device).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+from harness.report.runs import Run, RunError, check_same_device, load_run, num, shape_key
+
+GATING_KINDS = ("accuracy", "new-failure", "error-growth", "performance", "missing")
+
+
+@dataclass
+class GateConfig:
+    perf_threshold: float = 0.05   # a 5% tok/s drop gates (before noise widening)
+    noise_k: float = 1.0           # widening per unit of relative p20-p80 spread
+    err_k: float = 2.0             # error ratio may grow up to err_k x baseline ...
+    err_floor_frac: float = 0.1    # ... or up to this fraction of the dtype's tolerance ratio
+    gate_peers: bool = False
+    allow_cross_device: bool = False
+
+    def validate(self) -> None:
+        from reference.validate import fail
+        if not (0 <= self.perf_threshold < 1):
+            fail("--perf-threshold", "a fraction in [0, 1)", self.perf_threshold)
+        if self.noise_k < 0:
+            fail("--noise-k", "a number >= 0", self.noise_k)
+        if self.err_k < 1:
+            fail("--err-k", "a factor >= 1", self.err_k)
+        if self.err_floor_frac < 0:
+            fail("--err-floor-frac", "a number >= 0", self.err_floor_frac)
+
+
+@dataclass
+class Finding:
+    kind: str
+    key: str
+    detail: str
+    baseline: float | str | None = None
+    candidate: float | str | None = None
+
+    @property
+    def gating(self) -> bool:
+        return self.kind in GATING_KINDS
+
+
+@dataclass
+class GateResult:
+    baseline: str
+    candidate: str
+    findings: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def regressions(self) -> list[Finding]:
+        return [f for f in self.findings if f.gating]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline, "candidate": self.candidate, "exit_code": self.exit_code,
+                "stats": self.stats, "findings": [dict(asdict(f), gating=f.gating) for f in self.findings]}
+
+
+# ----------------------------------------------------------------------------------------- keys
+
+def comparison_group(r: dict) -> tuple:
+    test = r.get("test_id") or ""
+    name = r.get("name") or ""
+    return (f"{test}/{name}" if test else name, r.get("op"), r.get("impl"), r.get("dtype"))
+
+
+def comparison_key(r: dict) -> tuple:
+    return comparison_group(r) + (shape_key(r.get("shapes", r.get("shape"))),)
+
+
+def timing_key(r: dict) -> tuple:
+    return (r.get("bench"), r.get("op"), r.get("impl"), r.get("dtype"), shape_key(r.get("shape")))
+
+
+def fmt_key(k: tuple) -> str:
+    return " | ".join(str(x) for x in k if x not in (None, ""))
+
+
+def _merge_comparisons(recs: list[dict]) -> dict:
+    out: dict = {}
+    for r in recs:
+        k = comparison_key(r)
+        err = num(r.get("err_ratio"))
+        err = math.inf if err is not None and math.isnan(err) else err
+        cur = out.get(k)
+        failed = r.get("verdict") != "pass"
+        tol = num((r.get("tolerance") or {}).get("ratio"))
+        if cur is None:
+            out[k] = {"failed": failed, "err": err, "tol": tol, "rec": r}
+        else:
+            cur["failed"] = cur["failed"] or failed
+            if err is not None and (cur["err"] is None or err > cur["err"]):
+                cur["err"] = err
+                cur["rec"] = r if not cur["failed"] or failed else cur["rec"]
+            if failed and cur["rec"].get("verdict") == "pass":
+                cur["rec"] = r
+    return out
+
+
+def throughput(r: dict) -> tuple[str, float | None]:
+    """(metric name, value) used for perf gating: tok/s, else GB/s, else 1/ms."""
+    for name in ("tok_s", "gb_s"):
+        v = num(r.get(name))
+        if v is not None and math.isfinite(v) and v > 0:
+            return name, v
+    ms = num(r.get("ms_p50"))
+    return "1/ms", (1.0 / ms if ms and ms > 0 and math.isfinite(ms) else None)
+
+
+def rel_spread(r: dict) -> float:
+    p20, p50, p80 = (num(r.get(k)) for k in ("ms_p20", "ms_p50", "ms_p80"))
+    if not p50 or p20 is None or p80 is None or not all(math.isfinite(x) for x in (p20, p50, p80)):
+        return 0.0
+    return max(0.0, (p80 - p20) / p50)
+
+
+# ----------------------------------------------------------------------------------------- gate
+
+def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult:
+    cfg = cfg or GateConfig()
+    cfg.validate()
+    check_same_device([base, cand], cfg.allow_cross_device)
+    res = GateResult(baseline=base.label, candidate=cand.label)
+    F = res.findings
+
+    # --- accuracy
+    bc, cc = _merge_comparisons(base.comparisons), _merge_comparisons(cand.comparisons)
+    b_groups: dict = {}
+    for k, v in bc.items():
+        b_groups.setdefault(k[:-1], []).append(v)
+    c_groups = {k[:-1] for k in cc}
+    b_group_failed = {g: any(v["failed"] for v in vs) for g, vs in b_groups.items()}
+    matched = redrawn = still = 0
+    for k, c in cc.items():
+        b = bc.get(k)
+        g = k[:-1]
+        rec = c["rec"]
+        where = f"{rec.get('reason') or ''}".strip()
+        if b is not None:
+            matched += 1
+            if c["failed"] and not b["failed"]:
+                F.append(Finding("accuracy", fmt_key(k), f"passed in the baseline, fails now: {where}",
+                                 b["err"], c["err"]))
+                continue
+            if c["failed"]:
+                still += 1
+                F.append(Finding("still-failing", fmt_key(k), where, b["err"], c["err"]))
+                continue
+            if b["err"] is not None and c["err"] is not None and math.isfinite(b["err"]):
+                tol = c["tol"] if c["tol"] is not None else b["tol"]
+                floor = cfg.err_floor_frac * tol if tol is not None else 0.0
+                limit = max(floor, cfg.err_k * b["err"])
+                if c["err"] > limit:
+                    F.append(Finding("error-growth", fmt_key(k),
+                                     f"error ratio {c['err']:.3e} > max({cfg.err_floor_frac:g} x tolerance "
+                                     f"{tol if tol is not None else 0:g}, {cfg.err_k:g} x baseline {b['err']:.3e})",
+                                     b["err"], c["err"]))
+        elif c["failed"]:
+            if g in b_groups and not b_group_failed[g]:
+                F.append(Finding("accuracy", fmt_key(k),
+                                 f"group passed every baseline example, this example fails: {where}", None, c["err"]))
+            elif g in b_groups:
+                still += 1
+                F.append(Finding("still-failing", fmt_key(k), where, None, c["err"]))
+            else:
+                F.append(Finding("new-failure", fmt_key(k), f"new case, fails: {where}", None, c["err"]))
+    for k in bc:
+        if k in cc:
+            continue
+        if k[:-1] in c_groups:
+            redrawn += 1
+        else:
+            F.append(Finding("missing", fmt_key(k), "comparison case absent from the candidate",
+                             "fail" if bc[k]["failed"] else "pass", None))
+
+    # --- performance
+    bt = {timing_key(r): r for r in base.timings}
+    ct = {timing_key(r): r for r in cand.timings}
+    perf_matched = improved = 0
+    for k, b in bt.items():
+        c = ct.get(k)
+        if c is None:
+            F.append(Finding("missing", fmt_key(k), "timing case absent from the candidate",
+                             throughput(b)[1], None))
+            continue
+        perf_matched += 1
+        mname, bv = throughput(b)
+        cname, cv = throughput(c)
+        if bv is None or cv is None or cname != mname:
+            F.append(Finding("info", fmt_key(k), f"no comparable throughput ({mname} vs {cname})", bv, cv))
+            continue
+        spread = max(rel_spread(b), rel_spread(c))
+        thr = cfg.perf_threshold + cfg.noise_k * spread
+        ratio = cv / bv
+        peer = bool(b.get("peer")) or bool(c.get("peer"))
+        if ratio < 1 - thr:
+            kind = "performance" if (cfg.gate_peers or not peer) else "peer-slower"
+            F.append(Finding(kind, fmt_key(k),
+                             f"{mname} {cv:.4g} is {100 * (1 - ratio):.1f}% below baseline {bv:.4g} "
+                             f"(allowed {100 * thr:.1f}% = threshold {100 * cfg.perf_threshold:.1f}% "
+                             f"+ noise {100 * cfg.noise_k * spread:.1f}%)", bv, cv))
+        elif ratio > 1 + thr:
+            improved += 1
+            F.append(Finding("improved", fmt_key(k), f"{mname} {ratio:.2f}x baseline", bv, cv))
+    new_cases = len([k for k in cc if k not in bc and k[:-1] not in b_groups]) + len([k for k in ct if k not in bt])
+    res.stats = {"comparisons_baseline": len(bc), "comparisons_candidate": len(cc),
+                 "comparisons_matched": matched, "comparisons_redrawn": redrawn, "still_failing": still,
+                 "timings_baseline": len(bt), "timings_candidate": len(ct), "timings_matched": perf_matched,
+                 "improved": improved, "new_cases": new_cases,
+                 "regressions": len(res.regressions), "config": asdict(cfg)}
+    return res
+
+
+# ----------------------------------------------------------------------------------------- output
+
+def _trunc(s: str, n: int) -> str:
+    s = str(s)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def summary_table(res: GateResult, show_info: bool = False, width: int = 150) -> str:
+    rows = [f for f in res.findings if f.gating or show_info or f.kind in ("still-failing", "peer-slower")]
+    order = {k: i for i, k in enumerate(GATING_KINDS + ("peer-slower", "still-failing", "improved", "info"))}
+    rows.sort(key=lambda f: (order.get(f.kind, 99), f.key))
+    s = res.stats
+    lines = [f"gate: baseline {res.baseline}  vs  candidate {res.candidate}",
+             f"  comparisons: {s['comparisons_matched']} matched of {s['comparisons_baseline']} baseline keys "
+             f"({s['comparisons_redrawn']} drawn differently), {s['still_failing']} still failing",
+             f"  timings:     {s['timings_matched']} matched of {s['timings_baseline']}, {s['improved']} improved; "
+             f"{s['new_cases']} new cases"]
+    if rows:
+        kw = max(8, width - 14 - 12 - 12 - 40)
+        lines.append("")
+        lines.append(f"  {'finding':13s} {'case':{kw}s} {'baseline':>11s} {'candidate':>11s}  detail")
+        lines.append("  " + "-" * (width - 2))
+        for f in rows:
+            lines.append(f"  {f.kind:13s} {_trunc(f.key, kw):{kw}s} {_fmt(f.baseline):>11s} {_fmt(f.candidate):>11s}  "
+                         f"{_trunc(f.detail, 200)}")
+    n = len(res.regressions)
+    by = {}
+    for f in res.regressions:
+        by[f.kind] = by.get(f.kind, 0) + 1
+    lines.append("")
+    lines.append(f"gate: {'FAIL' if n else 'PASS'}: {n} regression(s)" +
+                 (" (" + ", ".join(f"{v} {k}" for k, v in sorted(by.items())) + ")" if by else ""))
+    return "\n".join(lines)
+
+
+def add_args(p) -> None:
+    p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run (jsonl, run folder, pytest-benchmark JSON)")
+    p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run")
+    d = GateConfig()
+    p.add_argument("--perf-threshold", type=float, default=d.perf_threshold,
+                   help=f"allowed fractional tok/s drop before noise widening (default {d.perf_threshold})")
+    p.add_argument("--noise-k", type=float, default=d.noise_k,
+                   help=f"threshold widening per unit of relative p20-p80 spread (default {d.noise_k})")
+    p.add_argument("--err-k", type=float, default=d.err_k,
+                   help=f"allowed growth factor of a passing comparison's error ratio (default {d.err_k})")
+    p.add_argument("--err-floor-frac", type=float, default=d.err_floor_frac,
+                   help=f"errors below this fraction of the dtype's tolerance ratio never gate (default {d.err_floor_frac})")
+    p.add_argument("--gate-peers", action="store_true", help="also gate peers' (third-party) timings")
+    p.add_argument("--allow-cross-device", action="store_true", help="compare runs from different devices")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the findings as JSON")
+    p.add_argument("--all", action="store_true", help="list informational findings too (improvements, ...)")
+
+
+def run_gate(args) -> int:
+    cfg = GateConfig(perf_threshold=args.perf_threshold, noise_k=args.noise_k, err_k=args.err_k,
+                     err_floor_frac=args.err_floor_frac, gate_peers=args.gate_peers,
+                     allow_cross_device=args.allow_cross_device)
+    try:
+        base = load_run(args.baseline)
+        cand = load_run(args.candidate)
+        res = gate_runs(base, cand, cfg)
+    except (RunError, ValueError) as e:
+        print(f"harness gate: {e}", file=sys.stderr)
+        return 2
+    print(summary_table(res, show_info=args.all))
+    if args.json:
+        tmp = args.json + ".tmp"
+        d = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(d, exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(res.to_dict(), f, indent=1, default=str)
+        os.replace(tmp, args.json)
+    return res.exit_code
