@@ -1,0 +1,92 @@
+"""The pytest plugin as a user meets it: device errors, records from xdist workers, impl selection."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from harness.records import read_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pytest(args, cwd, timeout=120):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("HARNESS_RUN_ID", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA; the property is about machines without")
+def test_device_cuda_without_cuda_is_a_usage_error(tmp_path):
+    """`--device cuda` on a machine without CUDA exits non-zero with a one-line reason, running nothing."""
+    (tmp_path / "test_x.py").write_text("def test_x():\n    assert True\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    r = _pytest(["--device", "cuda", "-q", str(tmp_path)], cwd=tmp_path)
+    assert r.returncode != 0
+    err = (r.stderr + r.stdout).strip().splitlines()
+    assert any("--device cuda: no CUDA device" in line for line in err), r.stderr + r.stdout
+    assert "passed" not in r.stdout
+
+
+def test_records_from_xdist_workers_land_in_one_file(tmp_path):
+    """Under -n 2, every comparison of every worker lands as one whole record in the one results file,
+    after an env header per process."""
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "test_many.py").write_text(textwrap.dedent("""
+        import pytest, torch
+        @pytest.mark.parametrize("i", range(40))
+        def test_cmp(i, check):
+            x = torch.full((3,), float(i), dtype=torch.float64)
+            check.close("x", x.float(), x, op="demo", seed=i)
+    """))
+    out = tmp_path / "r.jsonl"
+    r = _pytest(["--device", "cpu", "-q", "-n", "2", "--results", str(out), str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = read_records(str(out))
+    comps = [x for x in recs if x["kind"] == "comparison"]
+    assert sorted(x["seed"] for x in comps) == list(range(40))
+    assert all(x["verdict"] == "pass" and x["device"] == "cpu" and x["op"] == "demo" for x in comps)
+    envs = [x for x in recs if x["kind"] == "env"]
+    assert envs and all("torch" in x["env"] and "git_sha" in x["env"] for x in envs)
+    assert len({x["run_id"] for x in recs}) == 1
+
+
+def test_failing_comparison_is_recorded_and_fails(tmp_path):
+    """A failing comparison writes a 'fail' record and fails the test with what/where/tolerance."""
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "test_bad.py").write_text(textwrap.dedent("""
+        import torch
+        def test_bad(check):
+            b = torch.zeros(5, dtype=torch.float64)
+            a = b.clone(); a[2] = 1.0
+            check.close("y", a.float(), b, op="demo", seed=7)
+    """))
+    out = tmp_path / "r.jsonl"
+    r = _pytest(["--device", "cpu", "-q", "--results", str(out), str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 1
+    assert "worst at index (2,)" in r.stdout and "tolerance" in r.stdout
+    (rec,) = [x for x in read_records(str(out)) if x["kind"] == "comparison"]
+    assert rec["verdict"] == "fail" and rec["seed"] == 7 and rec["worst_index"] == [2]
+
+
+def test_unknown_impl_is_a_usage_error(tmp_path):
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "test_x.py").write_text("def test_x(impl):\n    assert impl.name\n")
+    r = _pytest(["--device", "cpu", "--impl", "no-such-impl", "-q", str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 4 and "--impl: expected one of" in r.stderr
+
+
+def test_outside_impl_by_module_object(tmp_path):
+    """`--impl module:object` registers an outside implementation and parametrizes `impl` with it alone."""
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "my_kernels.py").write_text(textwrap.dedent("""
+        from harness.impls import Impl
+        IMPL = Impl(name="mine", devices=("cpu",), ops={"gated_rms_norm": lambda *a, **k: None})
+    """))
+    (tmp_path / "test_x.py").write_text("def test_x(impl):\n    assert impl.name == 'mine'\n")
+    r = _pytest(["--device", "cpu", "--impl", "my_kernels:IMPL", "-q", str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
