@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, given, strategies as st
+from hypothesis import given, strategies as st
 
 from reference import cache
 from reference.cache import (GDNSpec, KDASpec, Mamba1Spec, Mamba2Spec, mamba1_as_mamba2, slots_needed,

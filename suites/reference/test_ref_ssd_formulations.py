@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import Tolerance
+from harness.checks import Tolerance, tolerance_for
 from reference.ssd import segsum, ssd_chunked, ssd_scan
 from reference.testing import cu_seqlens_from, make_ssd_inputs, seqlens
 
@@ -96,7 +96,6 @@ def test_chunked_and_scan_in_low_precision_stay_near_float64(dtype, check):
         y, s = fn(**inp)
         assert y.dtype == dtype and s.dtype == dtype
         # Inputs are rounded to `dtype` first, so widen the policy for a 24-token recurrence a little.
-        from harness.checks import tolerance_for
         tol = tolerance_for(dtype, scale=2.0)
         check.close(f"y[{name}]", y, y64, op="ssd", impl="reference", dtype=dtype, tol=tol, seed=5)
         check.close(f"final_states[{name}]", s, s64, op="ssd", impl="reference", dtype=dtype, tol=tol, seed=5)

@@ -1,0 +1,346 @@
+"""State pool: conv + recurrent state per layer for `num_slots` slots, as a serving engine holds them.
+
+Layouts
+  * ``"layer_major"``: per layer one contiguous tensor per state, ``(num_slots, *shape)``.
+  * ``"page_major"``: ONE contiguous byte buffer of ``num_slots * slot_bytes``; a slot's page holds every
+    layer's conv and recurrent state back to back (per layer: conv at offset 0, recurrent at the next
+    16-byte boundary, the layer's region padded to ``page_multiple`` bytes). Per layer, the pool exposes
+    strided views ``(num_slots, *shape)`` whose dim-0 stride is the slot's whole page: kernels must
+    honour ``stride(0)`` rather than assume ``numel(shape)``.
+  * ``conv_channels_last=True`` additionally stores each conv state as ``(K-1, conv_dim)`` in memory
+    (channel-contiguous, as vLLM does) and exposes it transposed, i.e. with logical shape
+    ``(num_slots, conv_dim, K-1)`` and strides ``(slot stride, 1, conv_dim)``.
+
+Whatever the layout, ``conv(layer)`` has the logical shape ``(num_slots, conv_dim, K-1)`` and
+``recurrent(layer)`` ``(num_slots, *spec.recurrent_shape)``.
+
+Slots
+  ``alloc() -> int`` hands out the lowest free slot id; ``free(slot)``; double free, freeing an id
+  that was never handed out or is out of range, and use of the pad id are ValueErrors; allocating from
+  a full pool raises :class:`PoolExhausted`. ``PAD_SLOT_ID = -1`` marks a padded request: gather returns
+  zeros for it and scatter skips it (it must never wrap to the last slot).
+
+Snapshots
+  ``snapshot(slot)`` returns a :class:`Snapshot` (a dict ``{"conv.<l>": t, "recurrent.<l>": t}`` of
+  contiguous clones, in logical shape) tagged with the pool's ``model_key`` (spec, layer count, dtypes).
+  ``restore(slot, snapshot)`` copies it in; a snapshot of another model / state layout (other spec,
+  layer count or dtype, or a plain dict whose keys, shapes or dtypes differ) is a ValueError. Snapshots
+  are independent of the memory layout: one taken from a page-major pool restores into a layer-major
+  pool of the same model.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Sequence
+
+import torch
+
+from harness.ops import PAD_SLOT_ID  # the op contract's pad id (one definition)
+from reference.cache import GDNSpec, KDASpec, Mamba1Spec, Mamba2Spec, itemsize
+from reference.validate import fail
+
+LAYOUTS = ("layer_major", "page_major")
+_STATE_ALIGN = 16  # byte alignment of every state inside a page
+
+
+class PoolExhausted(RuntimeError):
+    """alloc() on a pool with no free slot."""
+
+
+class Snapshot(dict):
+    """A dict of state tensors ``{"conv.<layer>": ..., "recurrent.<layer>": ...}`` plus the key of the
+    model/state layout it was taken from (``model_key``) and, optionally, the token count it holds."""
+
+    def __init__(self, tensors: dict, model_key, num_tokens: int | None = None):
+        super().__init__(tensors)
+        self.model_key = model_key
+        self.num_tokens = num_tokens
+
+    def clone(self) -> "Snapshot":
+        return Snapshot({k: v.clone() for k, v in self.items()}, self.model_key, self.num_tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.values())
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class StatePool:
+    """Conv + recurrent state of every SSM layer for `num_slots` request slots.
+
+    Args:
+      spec: a reference.cache spec (Mamba1Spec, Mamba2Spec, GDNSpec, KDASpec) -- per layer, per rank.
+      num_layers: number of SSM layers (all share the spec).
+      num_slots: number of slots.
+      device: torch device of the states.
+      dtype: if given, overrides both state dtypes (e.g. float64 for oracle runs); else the spec's.
+      layout: "layer_major" or "page_major" (see module doc).
+      conv_channels_last: store conv states as (K-1, conv_dim) in memory (exposed transposed).
+      page_multiple: page_major only: each layer's region in a page is padded to this many bytes
+        (a multiple of 16).
+    """
+
+    def __init__(self, spec, num_layers: int, num_slots: int, *, device="cpu", dtype: torch.dtype | None = None,
+                 layout: str = "layer_major", conv_channels_last: bool = False, page_multiple: int = 16):
+        if not isinstance(spec, (Mamba1Spec, Mamba2Spec, GDNSpec, KDASpec)):
+            fail("spec", "a reference.cache spec (Mamba1Spec, Mamba2Spec, GDNSpec or KDASpec)", type(spec).__name__)
+        for name, v, lo in (("num_layers", num_layers, 1), ("num_slots", num_slots, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                fail(name, f"an int >= {lo}", repr(v))
+        if layout not in LAYOUTS:
+            fail("layout", f"one of {list(LAYOUTS)}", repr(layout))
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            fail("dtype", "None or a floating-point torch.dtype", repr(dtype))
+        if isinstance(page_multiple, bool) or not isinstance(page_multiple, int) or page_multiple <= 0 \
+                or page_multiple % _STATE_ALIGN:
+            fail("page_multiple", f"a positive multiple of {_STATE_ALIGN}", repr(page_multiple))
+        self.spec = spec
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.device = torch.device(device)
+        self.layout = layout
+        self.conv_channels_last = bool(conv_channels_last)
+        self.conv_dtype = dtype or spec.conv_dtype
+        self.recurrent_dtype = dtype or spec.recurrent_dtype
+        self.conv_shape = tuple(spec.conv_shape)
+        self.recurrent_shape = tuple(spec.recurrent_shape)
+        self.model_key = (spec, num_layers, self.conv_dtype, self.recurrent_dtype)
+
+        self._free_heap = list(range(num_slots))
+        self._allocated: set[int] = set()
+        self._conv: list[torch.Tensor] = []
+        self._rec: list[torch.Tensor] = []
+        if layout == "layer_major":
+            self.slot_bytes = None
+            self.buffer = None
+            for _ in range(num_layers):
+                self._conv.append(self._new_conv())
+                self._rec.append(torch.zeros((num_slots, *self.recurrent_shape), dtype=self.recurrent_dtype,
+                                             device=self.device))
+        else:
+            self._build_page_major(page_multiple)
+
+    # ------------------------------------------------------------------ storage
+    def _new_conv(self) -> torch.Tensor:
+        c, k1 = self.conv_shape
+        if self.conv_channels_last:
+            return torch.zeros((self.num_slots, k1, c), dtype=self.conv_dtype, device=self.device).transpose(1, 2)
+        return torch.zeros((self.num_slots, c, k1), dtype=self.conv_dtype, device=self.device)
+
+    def _build_page_major(self, page_multiple: int) -> None:
+        conv_bytes = math.prod(self.conv_shape) * itemsize(self.conv_dtype)
+        rec_bytes = math.prod(self.recurrent_shape) * itemsize(self.recurrent_dtype)
+        self.conv_offset = 0
+        self.recurrent_offset = _round_up(conv_bytes, _STATE_ALIGN)
+        self.layer_bytes = _round_up(self.recurrent_offset + rec_bytes, page_multiple)
+        self.slot_bytes = self.layer_bytes * self.num_layers
+        self.buffer = torch.zeros(self.num_slots * self.slot_bytes, dtype=torch.uint8, device=self.device)
+        conv_flat = self.buffer.view(self.conv_dtype)
+        rec_flat = self.buffer.view(self.recurrent_dtype)
+        ci, ri = itemsize(self.conv_dtype), itemsize(self.recurrent_dtype)
+        c, k1 = self.conv_shape
+        rec_strides = [1]
+        for s in reversed(self.recurrent_shape[1:]):
+            rec_strides.insert(0, rec_strides[0] * s)
+        for layer in range(self.num_layers):
+            base = layer * self.layer_bytes
+            conv_inner = (1, c) if self.conv_channels_last else (k1, 1)
+            self._conv.append(torch.as_strided(conv_flat, (self.num_slots, c, k1),
+                                               (self.slot_bytes // ci, *conv_inner),
+                                               (base + self.conv_offset) // ci))
+            self._rec.append(torch.as_strided(rec_flat, (self.num_slots, *self.recurrent_shape),
+                                              (self.slot_bytes // ri, *rec_strides),
+                                              (base + self.recurrent_offset) // ri))
+
+    def conv(self, layer: int) -> torch.Tensor:
+        """The conv states of `layer`: (num_slots, conv_dim, K-1), possibly a strided view."""
+        return self._conv[self._layer(layer)]
+
+    def recurrent(self, layer: int) -> torch.Tensor:
+        """The recurrent states of `layer`: (num_slots, *recurrent_shape), possibly a strided view."""
+        return self._rec[self._layer(layer)]
+
+    @property
+    def conv_states(self) -> list[torch.Tensor]:
+        return list(self._conv)
+
+    @property
+    def recurrent_states(self) -> list[torch.Tensor]:
+        return list(self._rec)
+
+    def _layer(self, layer) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            fail("layer", f"an int in 0..{self.num_layers - 1}", repr(layer))
+        return layer
+
+    # ------------------------------------------------------------------ slots
+    @property
+    def num_free(self) -> int:
+        return len(self._free_heap)
+
+    @property
+    def num_used(self) -> int:
+        return len(self._allocated)
+
+    @property
+    def allocated(self) -> frozenset[int]:
+        return frozenset(self._allocated)
+
+    def is_allocated(self, slot: int) -> bool:
+        return slot in self._allocated
+
+    def alloc(self, *, zero: bool = False) -> int:
+        """Hand out the lowest free slot id (its state is left as is unless `zero`)."""
+        if not self._free_heap:
+            raise PoolExhausted(f"state pool exhausted: all {self.num_slots} slots are in use")
+        slot = heapq.heappop(self._free_heap)
+        self._allocated.add(slot)
+        if zero:
+            self.zero_(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        self._check_slot_id("slot", slot)
+        if slot not in self._allocated:
+            fail("slot", "an allocated slot id", f"{slot}, which is free (double free or never allocated)")
+        self._allocated.remove(slot)
+        heapq.heappush(self._free_heap, slot)
+
+    def _check_slot_id(self, arg: str, slot, allow_pad: bool = False) -> None:
+        if isinstance(slot, torch.Tensor) and slot.numel() == 1:
+            slot = int(slot)
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            fail(arg, "an int slot id", repr(slot))
+        if slot == PAD_SLOT_ID:
+            if not allow_pad:
+                fail(arg, f"a real slot id (not PAD_SLOT_ID={PAD_SLOT_ID})", slot)
+            return
+        if not 0 <= slot < self.num_slots:
+            fail(arg, f"a slot id in 0..{self.num_slots - 1}" + (f" or PAD_SLOT_ID={PAD_SLOT_ID}" if allow_pad else ""),
+                 slot)
+
+    def _check_live(self, arg: str, slot) -> int:
+        self._check_slot_id(arg, slot)
+        slot = int(slot)
+        if slot not in self._allocated:
+            fail(arg, "an allocated slot id", f"{slot}, which is free")
+        return slot
+
+    def zero_(self, slot: int) -> None:
+        self._check_slot_id("slot", slot)
+        for c, r in zip(self._conv, self._rec):
+            c[slot].zero_()
+            r[slot].zero_()
+
+    def fill_free_(self, value: float = float("nan")) -> None:
+        """Fill every free slot's states with `value` (NaN by default), to catch reads of unowned slots."""
+        free = sorted(self._free_heap)
+        if not free:
+            return
+        idx = torch.tensor(free, device=self.device)
+        for c, r in zip(self._conv, self._rec):
+            c[idx] = value
+            r[idx] = value
+
+    # ------------------------------------------------------------------ batched access for a runner
+    def _slot_list(self, slots) -> list[int]:
+        if isinstance(slots, torch.Tensor):
+            slots = slots.detach().cpu().tolist()
+        slots = list(slots)
+        for i, s in enumerate(slots):
+            self._check_slot_id(f"slots[{i}]", s, allow_pad=True)
+            if s != PAD_SLOT_ID and int(s) not in self._allocated:
+                fail(f"slots[{i}]", "an allocated slot id or PAD_SLOT_ID", f"{s}, which is free")
+        return [int(s) for s in slots]
+
+    def gather(self, layer: int, slots: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous copies of `layer`'s states for `slots` (zeros for PAD_SLOT_ID rows):
+        conv (S, conv_dim, K-1), recurrent (S, *recurrent_shape)."""
+        slots = self._slot_list(slots)
+        out = []
+        for src in (self.conv(layer), self.recurrent(layer)):
+            res = torch.zeros((len(slots), *src.shape[1:]), dtype=src.dtype, device=src.device)
+            live = [i for i, s in enumerate(slots) if s != PAD_SLOT_ID]
+            if live:
+                res[live] = src[[slots[i] for i in live]]
+            out.append(res)
+        return out[0], out[1]
+
+    def scatter(self, layer: int, slots: Sequence[int] | torch.Tensor, conv: torch.Tensor | None = None,
+                recurrent: torch.Tensor | None = None) -> None:
+        """Write per-request states (row i -> slots[i]) into `layer`; PAD_SLOT_ID rows are skipped.
+        A slot listed twice is a ValueError (the write order would decide the result)."""
+        slots = self._slot_list(slots)
+        live = [i for i, s in enumerate(slots) if s != PAD_SLOT_ID]
+        targets = [slots[i] for i in live]
+        if len(set(targets)) != len(targets):
+            fail("slots", "distinct slot ids (apart from PAD_SLOT_ID)", slots)
+        for name, dst, val in (("conv", self.conv(layer), conv), ("recurrent", self.recurrent(layer), recurrent)):
+            if val is None:
+                continue
+            want = (len(slots), *dst.shape[1:])
+            if not isinstance(val, torch.Tensor) or tuple(val.shape) != want:
+                fail(name, f"a tensor of shape {want}", tuple(val.shape) if isinstance(val, torch.Tensor) else val)
+            if live:
+                dst[targets] = val[live].to(dst.dtype)
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, slot: int, num_tokens: int | None = None) -> Snapshot:
+        """Contiguous clones of every layer's state of `slot` (an allocated slot)."""
+        slot = self._check_live("slot", slot)
+        t = {}
+        for layer in range(self.num_layers):
+            t[f"conv.{layer}"] = self._conv[layer][slot].clone(memory_format=torch.contiguous_format)
+            t[f"recurrent.{layer}"] = self._rec[layer][slot].clone(memory_format=torch.contiguous_format)
+        return Snapshot(t, self.model_key, num_tokens)
+
+    def _describe_key(self, key) -> str:
+        try:
+            spec, n, cd, rd = key
+            return f"{spec.describe()} x {n} layers (conv {cd}, recurrent {rd})"
+        except Exception:
+            return repr(key)
+
+    def check_snapshot(self, snapshot) -> None:
+        """ValueError unless `snapshot` holds exactly this pool's states (same model and state layout)."""
+        if not isinstance(snapshot, dict):
+            fail("snapshot", "a dict of state tensors (Snapshot)", type(snapshot).__name__)
+        key = getattr(snapshot, "model_key", None)
+        if key is not None and key != self.model_key:
+            fail("snapshot", f"a snapshot of this pool's model [{self._describe_key(self.model_key)}]",
+                 f"one of [{self._describe_key(key)}]")
+        want = {f"{kind}.{layer}" for layer in range(self.num_layers) for kind in ("conv", "recurrent")}
+        if set(snapshot) != want:
+            fail("snapshot", f"keys {sorted(want)}", sorted(snapshot))
+        for layer in range(self.num_layers):
+            for kind, shape, dt in (("conv", self.conv_shape, self.conv_dtype),
+                                    ("recurrent", self.recurrent_shape, self.recurrent_dtype)):
+                t = snapshot[f"{kind}.{layer}"]
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dt:
+                    got = f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+                    fail(f"snapshot['{kind}.{layer}']", f"shape {shape} {dt}", got)
+
+    def restore(self, slot: int, snapshot) -> None:
+        """Copy `snapshot` into the allocated `slot` (after :meth:`check_snapshot`)."""
+        slot = self._check_live("slot", slot)
+        self.check_snapshot(snapshot)
+        for layer in range(self.num_layers):
+            self._conv[layer][slot].copy_(snapshot[f"conv.{layer}"])
+            self._rec[layer][slot].copy_(snapshot[f"recurrent.{layer}"])
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy every layer's state of slot `src` into slot `dst` (both allocated)."""
+        src = self._check_live("src", src)
+        dst = self._check_live("dst", dst)
+        for c, r in zip(self._conv, self._rec):
+            c[dst] = c[src]
+            r[dst] = r[src]
+
+    def __repr__(self) -> str:
+        return (f"StatePool({self.spec.kind}, layers={self.num_layers}, slots={self.num_slots}, layout={self.layout}, "
+                f"conv {self.conv_shape} {self.conv_dtype}, recurrent {self.recurrent_shape} {self.recurrent_dtype}, "
+                f"used={self.num_used})")

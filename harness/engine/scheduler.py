@@ -1,0 +1,302 @@
+"""Scheduler: splits prompts into prefill chunks at arbitrary boundaries and mixes them with decodes.
+
+Per step, :meth:`Scheduler.schedule` spends a token budget:
+  1. one token for every running request in decode (oldest first), while budget lasts;
+  2. the next chunk of every running request still in prefill (oldest first);
+  3. new requests, admitted in arrival order while a slot is free (a prefix-cache hit restores the
+     cached snapshot into the new slot and starts the prefill after the cached tokens).
+A prefill chunk is ``min(remaining prompt, remaining budget)`` tokens, or what ``chunk_fn`` says, so
+chunk boundaries fall anywhere (not only on kernel chunk or cache block boundaries).
+The returned :class:`Batch` lists prefill entries first, then decode entries.
+
+After running the batch, the runner calls :meth:`Scheduler.update` with the sampled token of every entry
+whose ``sample`` flag is set (the last prefill chunk of a prompt, and every decode). A request finishes
+once it has ``max_new_tokens`` output tokens; its slot is freed then.
+
+Positions: a request with prompt length P has computed ``num_computed`` tokens; a decode entry feeds its
+last output token at position ``num_computed`` (P, P+1, ...). The last sampled token is never fed, so a
+request occupies at most ``P + max_new_tokens - 1`` positions; the length check uses
+``P + max_new_tokens`` against ``max_model_len``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
+from reference.validate import fail
+
+from .pool import StatePool
+
+
+@dataclass(frozen=True)
+class Request:
+    """A generation request: `prompt` token ids, up to `max_new_tokens` output tokens.
+    `track=False` excludes it from prefix-cache snapshotting (it can still be seeded from the cache)."""
+
+    id: Hashable
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    track: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        if len(self.prompt) == 0:
+            fail("prompt", f"at least one token (request {self.id!r})", "an empty prompt")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            fail("max_new_tokens", f"an int >= 1 (request {self.id!r})", repr(self.max_new_tokens))
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One request's share of a step: tokens [start, start + num_tokens) of its sequence.
+
+    start      = number of tokens of this request already computed (its state holds them);
+    tokens     = the token ids fed this step;
+    sample     = whether the runner must sample a token from this entry's last position;
+    track      = whether the request may be snapshotted into the prefix cache;
+    """
+
+    request_id: Hashable
+    slot: int
+    start: int
+    num_tokens: int
+    is_decode: bool
+    tokens: tuple[int, ...] = ()
+    sample: bool = False
+    track: bool = True
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A step: prefill entries first, then decode entries."""
+
+    entries: tuple[BatchEntry, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "entries", tuple(self.entries))
+        seen_decode = False
+        for i, e in enumerate(self.entries):
+            if e.is_decode:
+                seen_decode = True
+            elif seen_decode:
+                fail(f"entries[{i}]", "prefill entries before every decode entry", f"prefill {e.request_id!r} after a decode")
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self):
+        return len(self.entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.entries)
+
+    @property
+    def prefills(self) -> tuple[BatchEntry, ...]:
+        return tuple(e for e in self.entries if not e.is_decode)
+
+    @property
+    def decodes(self) -> tuple[BatchEntry, ...]:
+        return tuple(e for e in self.entries if e.is_decode)
+
+    @property
+    def request_ids(self) -> list:
+        return [e.request_id for e in self.entries]
+
+    @property
+    def slots(self) -> list[int]:
+        return [e.slot for e in self.entries]
+
+
+@dataclass
+class RequestState:
+    request: Request
+    slot: int
+    num_computed: int = 0
+    num_cached: int = 0  # tokens restored from the prefix cache at admission
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < len(self.request.prompt)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Prompt + output so far."""
+        return self.request.prompt + tuple(self.output)
+
+
+class Scheduler:
+    """Chunked-prefill + decode scheduler over a :class:`StatePool` (one slot per running request).
+
+    Args:
+      pool: the state pool; a request holds one slot from admission until it finishes.
+      token_budget: max tokens per step (>= 1).
+      max_model_len: max ``len(prompt) + max_new_tokens`` of a request (None: no limit).
+      max_num_seqs: max requests per step (default: pool.num_slots).
+      prefix_cache: optional :class:`harness.engine.prefix_cache.PrefixCache`; on admission its longest
+        snapshot for the prompt (leaving at least one prompt token to compute) is restored into the slot.
+      chunk_fn: optional ``chunk_fn(request_id, start, max_tokens) -> n`` choosing a prefill chunk size
+        in 1..max_tokens (tests use it to put boundaries anywhere); default: as many as fit.
+    """
+
+    def __init__(self, pool: StatePool, token_budget: int, *, max_model_len: int | None = None,
+                 max_num_seqs: int | None = None, prefix_cache=None,
+                 chunk_fn: Callable[[Hashable, int, int], int] | None = None):
+        if not isinstance(pool, StatePool):
+            fail("pool", "a StatePool", type(pool).__name__)
+        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+            fail("token_budget", "an int >= 1", repr(token_budget))
+        if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                                          or max_model_len < 2):
+            fail("max_model_len", "None or an int >= 2", repr(max_model_len))
+        if max_num_seqs is None:
+            max_num_seqs = pool.num_slots
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            fail("max_num_seqs", "an int >= 1", repr(max_num_seqs))
+        self.pool = pool
+        self.token_budget = token_budget
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.prefix_cache = prefix_cache
+        self.chunk_fn = chunk_fn
+        self.waiting: list[Request] = []
+        self.running: dict[Hashable, RequestState] = {}  # insertion order = admission order
+        self.finished: dict[Hashable, list[int]] = {}
+        self._ids: set = set()
+        self._pending: Batch | None = None
+        self.step_count = 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, request: Request) -> None:
+        if not isinstance(request, Request):
+            fail("request", "a Request", type(request).__name__)
+        if request.id in self._ids:
+            fail("request", "a new request id", f"duplicate id {request.id!r}")
+        total = len(request.prompt) + request.max_new_tokens
+        if self.max_model_len is not None and total > self.max_model_len:
+            fail("request", f"len(prompt) + max_new_tokens <= max_model_len={self.max_model_len}",
+                 f"{len(request.prompt)} + {request.max_new_tokens} = {total} (request {request.id!r})")
+        self._ids.add(request.id)
+        self.waiting.append(request)
+
+    def state(self, request_id) -> RequestState:
+        if request_id not in self.running:
+            fail("request_id", "a running request id", repr(request_id))
+        return self.running[request_id]
+
+    def tokens(self, request_id) -> tuple[int, ...]:
+        """Prompt + outputs so far of a running request."""
+        return self.state(request_id).tokens
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ scheduling
+    def _chunk(self, rid, start: int, remaining: int, budget: int) -> int:
+        cap = min(remaining, budget)
+        if self.chunk_fn is None:
+            return cap
+        n = self.chunk_fn(rid, start, cap)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cap:
+            fail("chunk_fn", f"a chunk size in 1..{cap} (request {rid!r} at {start})", repr(n))
+        return n
+
+    def _admit(self, req: Request) -> RequestState:
+        slot = self.pool.alloc()
+        st = RequestState(req, slot)
+        if self.prefix_cache is not None:
+            n, snap = self.prefix_cache.lookup(req.prompt, max_tokens=len(req.prompt) - 1)
+            if n > 0:
+                self.pool.restore(slot, snap)
+                st.num_computed = st.num_cached = n
+        self.running[req.id] = st
+        return st
+
+    def _prefill_entry(self, st: RequestState, budget: int) -> BatchEntry:
+        prompt = st.request.prompt
+        n = self._chunk(st.request.id, st.num_computed, len(prompt) - st.num_computed, budget)
+        start = st.num_computed
+        return BatchEntry(st.request.id, st.slot, start, n, False, prompt[start:start + n],
+                          sample=start + n == len(prompt), track=st.request.track)
+
+    def schedule(self) -> Batch | None:
+        """The next step's batch, or None when there is nothing to run. Call :meth:`update` before the
+        next schedule()."""
+        if self._pending is not None:
+            raise RuntimeError("schedule() called again before update() of the previous batch")
+        budget = self.token_budget
+        prefills: list[BatchEntry] = []
+        decodes: list[BatchEntry] = []
+        nseq = 0
+        for st in self.running.values():
+            if budget == 0 or nseq == self.max_num_seqs:
+                break
+            if not st.in_prefill:
+                decodes.append(BatchEntry(st.request.id, st.slot, st.num_computed, 1, True, (st.output[-1],),
+                                          sample=True, track=st.request.track))
+                budget -= 1
+                nseq += 1
+        for st in list(self.running.values()):
+            if budget == 0 or nseq == self.max_num_seqs:
+                break
+            if st.in_prefill:
+                e = self._prefill_entry(st, budget)
+                prefills.append(e)
+                budget -= e.num_tokens
+                nseq += 1
+        while self.waiting and budget > 0 and nseq < self.max_num_seqs and self.pool.num_free > 0:
+            st = self._admit(self.waiting.pop(0))
+            e = self._prefill_entry(st, budget)
+            prefills.append(e)
+            budget -= e.num_tokens
+            nseq += 1
+        if not prefills and not decodes:
+            return None
+        self._pending = Batch(tuple(prefills) + tuple(decodes))
+        return self._pending
+
+    def update(self, batch: Batch, sampled: dict | None = None) -> list:
+        """Advance the requests of `batch` (the last scheduled one) and append sampled tokens.
+
+        `sampled` maps request id -> token id for exactly the entries with ``sample=True``.
+        Returns the ids of requests that finished (their slots are freed).
+        """
+        if batch is not self._pending:
+            fail("batch", "the batch returned by the last schedule()", "another batch")
+        sampled = dict(sampled or {})
+        want = {e.request_id for e in batch if e.sample}
+        if set(sampled) != want:
+            fail("sampled", f"tokens for exactly the sampling entries {sorted(map(repr, want))}",
+                 sorted(map(repr, sampled)))
+        done = []
+        for e in batch:
+            st = self.running[e.request_id]
+            st.num_computed += e.num_tokens
+            if e.sample:
+                st.output.append(int(sampled[e.request_id]))
+                if len(st.output) >= st.request.max_new_tokens:
+                    done.append(e.request_id)
+        for rid in done:
+            st = self.running.pop(rid)
+            self.pool.free(st.slot)
+            self.finished[rid] = list(st.output)
+        self._pending = None
+        self.step_count += 1
+        return done
+
+    def finish(self, request_id) -> None:
+        """Abort/finish a running request early (e.g. on EOS) and free its slot."""
+        if self._pending is not None and any(e.request_id == request_id for e in self._pending):
+            raise RuntimeError(f"request {request_id!r} is in the pending batch; call update() first")
+        st = self.running.pop(request_id, None)
+        if st is None:
+            fail("request_id", "a running request id", repr(request_id))
+        self.pool.free(st.slot)
+        self.finished[request_id] = list(st.output)

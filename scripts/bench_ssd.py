@@ -1,0 +1,178 @@
+"""Timing of ssd_varlen (triton) next to mamba_ssm's Triton mamba_chunk_scan_combined (GPU).
+
+python3 scripts/bench_ssd.py OUT.jsonl [--sweep] [--lengths 4096,16384]
+Shape: H=128, P=64, G=8, N=128, chunk 256, batch 1, bf16, z, D, dt_bias, final state. Each figure is the
+median of triton.testing.do_bench. With --sweep, launch parameters of each stage are swept first and the
+best set is used for the end-to-end timing (printed as TUNING=...).
+"""
+import json
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from harness import ops as C_
+import harness.impls.triton.ssd as ssd
+
+H, P, G, N, CS = 128, 64, 8, 128, 256
+dev = "cuda"
+dtype = torch.bfloat16
+args = sys.argv[1:]
+out_path = args[0]
+SWEEP = "--sweep" in args
+LENGTHS = [4096, 16384]
+for a in args:
+    if a.startswith("--lengths="):
+        LENGTHS = [int(v) for v in a.split("=")[1].split(",")]
+recs = []
+
+
+def rec(**kw):
+    print(json.dumps(kw), flush=True)
+    recs.append(kw)
+
+
+def bench(fn):
+    fn()
+    torch.cuda.synchronize()
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def inputs(L, seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, device=dev)
+    x = r(L, H, P).to(dtype)
+    z = r(L, H, P).to(dtype)
+    dt = (r(L, H) - 4).to(dtype)
+    A = -torch.exp(torch.rand(H, generator=g, device=dev))
+    B = r(L, G, N).to(dtype)
+    Cm = r(L, G, N).to(dtype)
+    D = r(H)
+    dt_bias = r(H) * 0.5
+    pool = torch.zeros(2, H, P, N, device=dev, dtype=torch.float32)
+    qsl = torch.tensor([0, L], dtype=torch.int32, device=dev)
+    idx = torch.tensor([0], dtype=torch.int32, device=dev)
+    hi = torch.tensor([False], device=dev)
+    return x, dt, A, B, Cm, D, z, dt_bias, pool, qsl, idx, hi
+
+
+def bytes_moved(L):
+    # fewest bytes: x, z, B, C, dt read once, y written once, final state (fp32) written once
+    return L * H * P * 2 * 3 + 2 * L * G * N * 2 + L * H * 2 + H * P * N * 4
+
+
+def ours(L, inp):
+    x, dt, A, B, Cm, D, z, dt_bias, pool, qsl, idx, hi = inp
+    return lambda: ssd.ssd_varlen(x, dt, A, B, Cm, CS, D, z, dt_bias, pool, qsl, idx, hi)
+
+
+def mamba_fn(inp):
+    from harness.impls.adapters import import_peer
+    mcs = import_peer("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+    x, dt, A, B, Cm, D, z, dt_bias, pool, qsl, idx, hi = inp
+    return lambda: mcs(x[None], dt[None], A, B[None], Cm[None], CS, D=D, z=z[None], dt_bias=dt_bias,
+                       dt_softplus=True, return_final_states=True)
+
+
+def stage_fns(L, inp):
+    x, dt, A, B, Cm, D, z, dt_bias, pool, qsl, idx, hi = inp
+    cd = torch.float32
+    NC = L // CS + 1
+    dt_out, dA, _, st, ln, first = ssd.ssd_chunk_cumsum(dt, A, dt_bias, qsl, CS, compute_dtype=cd, num_chunks=NC)
+    states = ssd.ssd_chunk_state(x, B, dt_out, dA, st, ln, compute_dtype=cd)
+    prev = ssd.ssd_state_passing(states, dA, ln, first, qsl, pool, idx, hi, CS, prev_dtype=dtype)
+    cb = ssd.ssd_bmm(Cm, B, st, ln, CS, compute_dtype=cd)
+    y = torch.empty_like(x)
+    return {
+        "cumsum": lambda **k: ssd.ssd_chunk_cumsum(dt, A, dt_bias, qsl, CS, compute_dtype=cd, num_chunks=NC, **k),
+        "chunk_state": lambda **k: ssd.ssd_chunk_state(x, B, dt_out, dA, st, ln, compute_dtype=cd, **k),
+        "state_passing": lambda **k: ssd.ssd_state_passing(states, dA, ln, first, qsl, pool, idx, hi, CS,
+                                                           prev_dtype=dtype, **k),
+        "bmm": lambda **k: ssd.ssd_bmm(Cm, B, st, ln, CS, compute_dtype=cd, **k),
+        "chunk_scan": lambda **k: ssd.ssd_chunk_scan(x, z, Cm, D, cb, dt_out, dA, prev, st, ln, y,
+                                                     compute_dtype=cd, **k),
+    }
+
+
+SWEEPS = {
+    "cumsum": [dict(block_h=bh, num_warps=w) for bh in (4, 8, 16) for w in (4, 8)],
+    "chunk_state": [dict(block_p=bp, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+                    for (bp, bn, bk) in ((64, 64, 64), (64, 128, 64), (64, 128, 32), (32, 128, 64), (64, 64, 32))
+                    for (w, s) in ((4, 2), (4, 3), (8, 3))],
+    "state_passing": [dict(block=b, num_warps=w) for b in (256, 512, 1024, 2048) for w in (2, 4, 8)],
+    "bmm": [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
+            for (m, n, k) in ((64, 64, 64), (128, 128, 32), (128, 64, 64), (64, 64, 128))
+            for (w, s) in ((4, 2), (8, 3))],
+    "chunk_scan": [dict(block_m=m, block_p=p, block_k=k, block_n=n, num_warps=w, num_stages=s)
+                   for (m, p, k, n) in ((64, 64, 64, 64), (128, 64, 64, 64), (64, 64, 32, 128), (128, 64, 32, 128),
+                                        (64, 32, 64, 64), (128, 32, 64, 128))
+                   for (w, s) in ((4, 2), (4, 3), (8, 3))],
+}
+
+
+def main():
+    rec(kind="env", device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    Lmax = max(LENGTHS)
+    if SWEEP:
+        t0 = time.time()
+        inp = inputs(Lmax)
+        fns = stage_fns(Lmax, inp)
+        best = {}
+        for stage, cfgs in SWEEPS.items():
+            res = []
+            for cfg in cfgs:
+                try:
+                    ms = bench(lambda: fns[stage](**cfg))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
+                    rec(kind="sweep", stage=stage, cfg=cfg, error=repr(e)[:200])
+                    continue
+                res.append((ms, cfg))
+                rec(kind="sweep", stage=stage, cfg=cfg, L=Lmax, ms=round(ms, 4))
+            ms, cfg = min(res, key=lambda r: r[0])
+            best[stage] = cfg
+            rec(kind="sweep_best", stage=stage, cfg=cfg, ms=round(ms, 4))
+            if time.time() - t0 > 100:
+                break
+        ssd.TUNING.update(best)
+        print("TUNING=" + json.dumps(ssd.TUNING), flush=True)
+        del inp, fns
+    for L in LENGTHS:
+        inp = inputs(L)
+        f_ours = ours(L, inp)
+        # correctness next to mamba_ssm
+        try:
+            fm = mamba_fn(inp)
+            ym, fstate = fm()
+            y = f_ours()
+            err = float((y.float() - ym[0].float()).abs().max())
+            serr = float((inp[8][0] - fstate[0].float()).abs().max())
+            rec(kind="agree", L=L, max_abs_y_vs_mamba=err, max_abs_state_vs_mamba=serr,
+                y_scale=float(ym.float().abs().max()))
+            t_m = bench(fm)
+        except Exception as e:  # noqa: BLE001
+            rec(kind="error", what="mamba_ssm", error=repr(e)[:300])
+            t_m = None
+        t_o = bench(f_ours)
+        with C_.no_index_checks():
+            t_o_nc = bench(f_ours)
+        x = inp[0]
+        out = torch.empty_like(x)
+        t_o_out = bench(lambda: ssd.ssd_varlen(*inp[:5], CS, *inp[5:], out=out))
+        gb = bytes_moved(L) / 1e9
+        rec(kind="timing", L=L, ours_ms=round(t_o, 4), ours_no_index_checks_ms=round(t_o_nc, 4),
+            ours_out_ms=round(t_o_out, 4), mamba_ssm_ms=None if t_m is None else round(t_m, 4),
+            ours_GBps=round(gb / t_o * 1e3, 1), floor_bytes_GB=round(gb, 4))
+        fns = stage_fns(L, inp)
+        for stage, fn in fns.items():
+            rec(kind="stage", L=L, stage=stage, ms=round(bench(lambda: fn(**ssd.TUNING[stage])), 4))
+        del inp, fns
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the GPU machine (no registry): make the peers importable from the sdists/wheel carried in .peers/.
+#   source scripts/peers_setup.sh            -> unpacks, sets PYTHONPATH (Triton ops of mamba_ssm usable at once)
+#   PEERS_BUILD_CUDA=1 source scripts/peers_setup.sh
+#                                            -> also compiles selective_scan_cuda and causal_conv1d_cuda for sm_90
+#                                               in the background (logs in /tmp/peers/build-*.log; ~2-6 min)
+# Nothing of the peers is committed; adapters import them when present.
+P=/tmp/peers
+mkdir -p $P/site $P/ext
+for f in .peers/*.tar.gz; do [ -e "$f" ] && tar xzf "$f" -C $P; done
+if ls .peers/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $P/site .peers/*.whl 2>/dev/null || true
+fi
+MS=$(ls -d $P/mamba_ssm-*/ | head -1); CC=$(ls -d $P/causal_conv1d-*/ | head -1)
+export PYTHONPATH="$PWD:$P/site:$P/ext:${MS%/}:${CC%/}:${PYTHONPATH:-}"
+export HARNESS_PEERS_STUB_CUDA=1   # adapters install a placeholder selective_scan_cuda until the real one is built
+if [ "${PEERS_BUILD_CUDA:-0}" = 1 ]; then
+  ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" selective_scan "$MS" $P/ext > $P/build-selective_scan.log 2>&1 ) &
+  ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" causal_conv1d "$CC" $P/ext > $P/build-causal_conv1d.log 2>&1 ) &
+fi
