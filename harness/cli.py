@@ -32,6 +32,9 @@ def _add_run_args(p):
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     p.add_argument("--no-bench", action="store_true", help="skip the benchmark step")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report step")
+    p.add_argument("--bench-reps", type=int, default=None, help="timed calls per benchmark case (bench default)")
+    p.add_argument("--baseline", default=None, metavar="RUN",
+                   help="a baseline run: the report compares against it and the run is gated against it")
 
 
 @subcommand("run", "the main job: suites (+ bench + report as available) into a run folder")
@@ -63,12 +66,42 @@ def cmd_run(args) -> int:
     with open(tmp, "w") as f:
         json.dump(summary, f, indent=1)
     os.replace(tmp, os.path.join(out, "summary.json"))
-    if not args.no_bench and "bench" in SUBCOMMANDS:
-        pass  # wired by the bench step when it lands
     print(f"harness run: {len(comps)} comparisons, {summary['failed']} failed")
     print(f"harness run: results {results}")
     print(f"harness run: summary {os.path.join(out, 'summary.json')}")
-    return 0 if rc == 0 else 1
+    status = 0 if rc == 0 else 1
+    if not args.no_bench:
+        bench = [sys.executable, "-m", "harness.cli", "bench", "--device", args.device, "--no-progress",
+                 "--out", os.path.join(out, "bench.jsonl")]
+        for i in args.impl or []:
+            bench += ["--impl", i]
+        if args.bench_reps:
+            bench += ["--reps", str(args.bench_reps)]
+        print("harness run:", " ".join(bench), flush=True)
+        brc = subprocess.call(bench, cwd=REPO_ROOT, env=env)
+        if brc != 0:
+            print(f"harness run: bench exited {brc}", file=sys.stderr)
+            status = max(status, 1)
+    if args.baseline:
+        from harness.gate import GateConfig, gate_runs, summary_table
+        from harness.report.runs import load_run
+        try:
+            g = gate_runs(load_run(args.baseline), load_run(out), GateConfig())
+        except ValueError as e:
+            print(f"harness run: gate: {e}", file=sys.stderr)
+            return 2
+        print(summary_table(g))
+        status = max(status, g.exit_code)
+    if not args.no_report:
+        from harness.report import write_report
+        runs = ([args.baseline] if args.baseline else []) + [out]
+        try:
+            path = write_report(runs, os.path.join(out, "report.html"))
+        except ValueError as e:
+            print(f"harness run: report: {e}", file=sys.stderr)
+            return 2
+        print(f"harness run: report {path}")
+    return status
 
 
 @subcommand("impls", "list registered implementations and whether they are usable here")
@@ -81,6 +114,48 @@ def cmd_impls(args) -> int:
     return 0
 
 
+@subcommand("gate", "compare a candidate run with a baseline: accuracy, tok/s, missing cases (exit 1 on regression)")
+def cmd_gate(args) -> int:
+    from harness.gate import run_gate
+    return run_gate(args)
+
+
+def _gate_args(p):
+    from harness.gate import add_args
+    add_args(p)
+
+
+cmd_gate.add_args = _gate_args
+
+
+@subcommand("report", "render runs (results .jsonl, run folders, pytest-benchmark JSON) into one HTML file")
+def cmd_report(args) -> int:
+    from harness.report import run_report
+    return run_report(args)
+
+
+def _report_args(p):
+    from harness.report import add_args
+    add_args(p)
+
+
+cmd_report.add_args = _report_args
+
+
+@subcommand("bench", "kernel/model benchmarks over a shape matrix; timing records appended to a JSONL file")
+def cmd_bench(args) -> int:
+    from harness.bench.cli import run_bench
+    return run_bench(args)
+
+
+def _bench_args(p):
+    from harness.bench.cli import add_args
+    add_args(p)
+
+
+cmd_bench.add_args = _bench_args
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -88,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help)
         if name == "run":
             _add_run_args(sp)
+        elif hasattr(fn, "add_args"):
+            fn.add_args(sp)
         sp.set_defaults(func=fn)
     return p
 

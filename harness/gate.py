@@ -105,7 +105,10 @@ def timing_key(r: dict) -> tuple:
 
 
 def fmt_key(k: tuple) -> str:
-    return " | ".join(str(x) for x in k if x not in (None, ""))
+    parts = [str(x) for x in k if x not in (None, "")]
+    if len(k) == 5 and len(parts) >= 3 and parts[0] == f"{parts[1]}/{parts[2]}":
+        parts = parts[1:]  # a timing key whose bench id is just op/impl
+    return " | ".join(parts)
 
 
 def _merge_comparisons(recs: list[dict]) -> dict:
@@ -216,6 +219,10 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
                              throughput(b)[1], None))
             continue
         perf_matched += 1
+        if c.get("error") and not b.get("error"):
+            F.append(Finding("missing", fmt_key(k), f"benchmark failed in the candidate: {c['error'][:200]}",
+                             throughput(b)[1], None))
+            continue
         mname, bv = throughput(b)
         cname, cv = throughput(c)
         if bv is None or cv is None or cname != mname:
@@ -246,8 +253,12 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
 # ----------------------------------------------------------------------------------------- output
 
 def _trunc(s: str, n: int) -> str:
+    """Shorten from the middle: both the test/op (start) and the shape (end) stay readable."""
     s = str(s)
-    return s if len(s) <= n else s[: n - 1] + "…"
+    if len(s) <= n:
+        return s
+    head = (n - 1) // 2
+    return s[:head] + "…" + s[len(s) - (n - 1 - head):]
 
 
 def _fmt(v) -> str:

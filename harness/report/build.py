@@ -193,7 +193,7 @@ def _timings_frame(runs: list[Run]) -> pd.DataFrame:
                          "tokens": num(t.get("tokens")), "tok_s": num(t.get("tok_s")),
                          "ms_p20": num(t.get("ms_p20")), "ms_p50": num(t.get("ms_p50")),
                          "ms_p80": num(t.get("ms_p80")), "gb_s": num(t.get("gb_s")),
-                         "pct": num(t.get("pct_copy_bw")), "peer": bool(t.get("peer")),
+                         "pct": num(t.get("pct_copy_bw")), "peer": bool(t.get("peer")), "error": t.get("error"),
                          "graph": bool(t.get("cuda_graph"))})
     return pd.DataFrame(rows)
 
@@ -219,8 +219,11 @@ def perf_tables(runs: list[Run]) -> list[dict]:
     out = []
     for op in sorted(df["op"].unique()):
         sub = df[df["op"] == op]
-        keys = sorted(set(sub["key"]), key=lambda k: (str(k[3]), bool(any(
-            by.get((lb, k), {}).get("peer") for lb in labels)), str(k[2]), (sub[sub["key"] == k]["tokens"].max() or 0), str(k[4])))
+        tokens = {k: (sub[sub["key"] == k]["tokens"].max() or 0) for k in set(sub["key"])}
+        peer_of = {k: bool(any(by.get((lb, k), {}).get("peer") for lb in labels)) for k in tokens}
+        # one block per (dtype, shape): our implementations first, then the peers, side by side
+        keys = sorted(tokens, key=lambda k: (str(k[3]), 0 if math.isnan(tokens[k]) else tokens[k], str(k[4]),
+                                             peer_of[k], str(k[2])))
         cols = ["impl", "dtype", "shape"]
         for lb in labels:
             cols += [f"{lb}: tok/s", f"{lb}: ms p50 [p20–p80]", f"{lb}: GB/s", f"{lb}: % copy BW"]
@@ -238,9 +241,12 @@ def perf_tables(runs: list[Run]) -> list[dict]:
                 if t is None:
                     row += [cell("—", "muted")] * 4
                     continue
+                if t.get("error"):
+                    row += [cell("error", "fail", str(t["error"])[:300])] + [cell("—", "muted")] * 3
+                    continue
                 row += [cell(fmt_rate(t["tok_s"])),
                         cell(f"{fmt(t['ms_p50'])} [{fmt(t['ms_p20'])}–{fmt(t['ms_p80'])}]"),
-                        cell(fmt(t["gb_s"])), cell(fmt(t["pct"], 2))]
+                        cell(fmt(t["gb_s"])), cell(fmt(t["pct"]))]
             b = _speed(by.get((base, k)))
             for lb in labels[1:]:
                 c = _speed(by.get((lb, k)))
@@ -252,7 +258,7 @@ def perf_tables(runs: list[Run]) -> list[dict]:
             last = labels[-1]
             me = by.get((last, k))
             peers = [by[(last, kk)] for kk in keys
-                     if (last, kk) in by and by[(last, kk)]["peer"] and kk[0] == k[0] and kk[3] == k[3]
+                     if (last, kk) in by and by[(last, kk)]["peer"] and kk[1] == k[1] and kk[3] == k[3]
                      and kk[4] == k[4]]
             if me is not None and not me["peer"] and peers:
                 best = max(peers, key=lambda p: _speed(p) or 0)

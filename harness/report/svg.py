@@ -31,10 +31,10 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     start = math.floor(lo / step) * step
-    ticks, t = [], start
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
+    ticks, t = [start], start
+    while t < hi - step * 1e-9:
         t += step
+        ticks.append(round(t, 12))
     return ticks
 
 
@@ -127,7 +127,7 @@ class LineChart:
             ET.SubElement(axes, "line", x1=f"{xx:.1f}", x2=f"{xx:.1f}", y1=str(m["top"]), y2=str(m["top"] + ph),
                           stroke="#f0f0f0")
             lab = ET.SubElement(axes, "text", x=f"{xx:.1f}", y=str(m["top"] + ph + 14), attrib={"text-anchor": "middle"})
-            lab.text = _fmt_tick(xt)
+            lab.text = str(int(xt)) if self.log_x and xt == int(xt) and xt < 1e6 else _fmt_tick(xt)
         ET.SubElement(axes, "rect", x=str(m["left"]), y=str(m["top"]), width=str(pw), height=str(ph),
                       fill="none", stroke="#888")
         xl = ET.SubElement(axes, "text", x=str(m["left"] + pw / 2), y=str(m["top"] + ph + 32),

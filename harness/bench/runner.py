@@ -1,0 +1,231 @@
+"""Run the benchmark matrix: cases from the declarations, timed per device, records appended to JSONL.
+
+Order: the copy roofline first (its GB/s is the 100% of `pct_copy_bw`), then every (backend, shape,
+dtype). Each case builds `rotation_count` input sets (so together they exceed twice the cache), calls
+the backend once with the op's index checks on (that call also validates the inputs), then times it
+inside `harness.ops.no_index_checks()` (host-side checks would synchronise, and peers don't do them).
+A case that raises is recorded with its error (and no numbers) so the gate reports it; the run goes on.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.bench import metrics as _metrics  # noqa: F401 - registers the built-in metrics
+from harness.bench.bytes import op_bytes
+from harness.bench.registry import METRICS, OP_INPUTS, Benchmark, benchmarks_for
+from harness.bench.timing import rotation_count, summarize, synchronize, time_calls
+
+
+@dataclass
+class Case:
+    bench: Benchmark
+    shape: dict
+    dtype: torch.dtype
+    device: str
+    tokens: int | None = None
+    bytes: int | None = None
+    cuda_graph: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def op(self) -> str:
+        return self.bench.op
+
+    @property
+    def impl(self) -> str:
+        return self.bench.impl
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+    @property
+    def id(self) -> str:
+        shape = ",".join(f"{k}={v}" for k, v in self.shape.items())
+        return f"{self.bench.id}[{self.dtype_name},{shape}]"
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def build_cases(device: str, *, impls=None, ops=None, dtypes=None, cuda_graph: bool = False,
+                include_interpreted: bool = False, max_tokens: int | None = None) -> tuple[list[Case], list[str]]:
+    benches, skipped = benchmarks_for(device, impls=impls, ops=ops, include_interpreted=include_interpreted)
+    if ops and "copy" not in ops:  # the roofline is measured in every run
+        copy, _ = benchmarks_for(device, ops=["copy"])
+        benches = copy + benches
+    cases = []
+    for b in benches:
+        spec = OP_INPUTS[b.op]
+        shapes = spec.shapes_for(device) if b.shapes is None else \
+            (b.shapes.get(device.split(":")[0]) or b.shapes.get("gpu") or [])
+        for shape in shapes:
+            tokens = spec.tokens(shape)
+            if max_tokens and tokens and tokens > max_tokens:
+                continue
+            for dt in spec.dtypes_for(device):
+                if dtypes and b.op != "copy" and dt not in dtypes:
+                    continue
+                cases.append(Case(bench=b, shape=dict(shape), dtype=dt, device=device, tokens=tokens,
+                                  cuda_graph=cuda_graph and b.op != "copy" and device.startswith("cuda")))
+        if not shapes:
+            skipped.append(f"{b.id}: no shapes declared for {device.split(':')[0]}")
+    if dtypes:
+        for d in dtypes:
+            if not any(c.dtype == d for c in cases):
+                skipped.append(f"--dtype {d}: no case declares it on {device}")
+    cases.sort(key=lambda c: (c.op != "copy",))
+    return cases, skipped
+
+
+def clocks(device: str) -> dict:
+    """Clocks where readable: GPU SM/memory clocks via nvidia-smi; CPU MHz from /proc or sysfs."""
+    kind = device.split(":")[0]
+    out: dict = {}
+    if kind == "cuda":
+        idx = device.split(":")[1] if ":" in device else "0"
+        try:
+            r = subprocess.run(["nvidia-smi", "-i", idx, "--query-gpu=clocks.sm,clocks.mem,clocks.max.sm,"
+                                "clocks.max.mem,power.limit,temperature.gpu,driver_version",
+                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+            if r.returncode == 0 and r.stdout.strip():
+                vals = [v.strip() for v in r.stdout.strip().splitlines()[0].split(",")]
+                keys = ["sm_mhz", "mem_mhz", "max_sm_mhz", "max_mem_mhz", "power_limit_w", "temp_c", "driver"]
+                out.update(dict(zip(keys, vals)))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    elif kind == "cpu":
+        try:
+            with open("/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq") as f:
+                out["cpu_mhz"] = int(f.read().strip()) / 1000
+        except OSError:
+            try:
+                with open("/proc/cpuinfo") as f:
+                    for line in f:
+                        if line.lower().startswith("cpu mhz"):
+                            out["cpu_mhz"] = float(line.split(":")[1])
+                            break
+            except OSError:
+                pass
+        out["threads"] = torch.get_num_threads()
+    return out
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def measure_case(case: Case, *, reps: int, warmup: int, seed: int = 0, rotate: int | None = None) -> dict:
+    """Time one case; returns the timing record's fields (without the writer's header)."""
+    from harness.ops import no_index_checks
+    spec = OP_INPUTS[case.op]
+    device = case.device
+    gen = torch.Generator(device=device if device.split(":")[0] in ("cuda", "xpu") else "cpu")
+    gen.manual_seed(seed)
+    first = spec.make(case.shape, case.dtype, device, gen)
+    case.bytes = op_bytes(case.op, first)
+    n_sets = rotate or rotation_count(case.bytes, device)
+    sets = [first] + [spec.make(case.shape, case.dtype, device, gen) for _ in range(n_sets - 1)]
+    fns = [case.bench.fn(s) for s in sets]
+    fns[0]()  # checked call: validates the inputs, compiles, fails loudly
+    synchronize(device)
+    with no_index_checks():
+        ms = time_calls(fns, device, warmup=warmup, reps=reps, cuda_graph=case.cuda_graph)
+    st = summarize(ms)
+    return {"ms_p20": st.ms_p20, "ms_p50": st.ms_p50, "ms_p80": st.ms_p80, "reps": st.n, "input_sets": n_sets}
+
+
+def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, dtypes=None, reps: int = 20,
+                   warmup: int = 3, cuda_graph: bool = False, progress: bool = True, seed: int = 0,
+                   include_interpreted: bool = False, max_tokens: int | None = None, run_id: str | None = None,
+                   log=print) -> list[dict]:
+    """Run every case; append records to `out_path` (env first); return the timing records."""
+    from harness.env import environment
+    from harness.records import RecordWriter
+    cases, skipped = build_cases(device, impls=impls, ops=ops, dtypes=dtypes, cuda_graph=cuda_graph,
+                                 include_interpreted=include_interpreted, max_tokens=max_tokens)
+    for s in skipped:
+        log(f"harness bench: skipped {s}")
+    if not [c for c in cases if c.op != "copy"]:
+        raise ValueError(f"benchmarks: expected at least one case on {device} "
+                         f"(impls={impls or 'all'}, ops={ops or 'all'}), got none")
+    writer = RecordWriter(out_path, run_id=run_id or os.environ.get("HARNESS_RUN_ID")) if out_path else None
+    if writer:
+        env = environment(device)
+        env["clocks"] = clocks(device)
+        writer.write("env", env=env, bench=dict(reps=reps, warmup=warmup, cuda_graph=cuda_graph, seed=seed,
+                                                 cases=len(cases)))
+    ctx: dict = {}
+    records = []
+    bar = _progress(len(cases), progress)
+    try:
+        for case in cases:
+            if bar is not None:
+                bar.set_description(case.id[:60])
+            fields = dict(bench=case.bench.id, op=case.op, impl=case.impl, device=device, dtype=case.dtype_name,
+                          shape=case.shape, tokens=case.tokens, peer=case.bench.peer, cuda_graph=case.cuda_graph,
+                          level=OP_INPUTS[case.op].level)
+            try:
+                t = measure_case(case, reps=reps, warmup=warmup, seed=seed)
+            except Exception as e:  # noqa: BLE001 - a broken backend is reported, the run goes on
+                fields.update(ms_p20=None, ms_p50=None, ms_p80=None, tok_s=None, bytes=case.bytes, gb_s=None,
+                              pct_copy_bw=None, error=f"{type(e).__name__}: {str(e)[:500]}")
+                log(f"harness bench: {case.id}: {fields['error']}")
+            else:
+                fields.update(t)
+                fields["bytes"] = case.bytes
+                for name, m in METRICS.items():
+                    fields[name] = m.fn(case, t["ms_p50"], ctx)
+                if case.op == "copy" and fields.get("gb_s"):
+                    ctx["copy_gb_s"] = max(ctx.get("copy_gb_s", 0.0), fields["gb_s"])
+                    fields["pct_copy_bw"] = 100.0 * fields["gb_s"] / ctx["copy_gb_s"]
+            if writer:
+                writer.write("timing", **fields)
+            records.append(fields)
+            if bar is not None:
+                bar.update(1)
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    finally:
+        if bar is not None:
+            bar.close()
+    return records
+
+
+def format_table(records: list[dict]) -> str:
+    """A terminal table, peers side by side (sorted by op, dtype, shape, then implementation)."""
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+    rows = sorted(records, key=lambda r: (r["op"] != "copy", r["op"], r["dtype"], r.get("tokens") or 0,
+                                          str(r["shape"]), r["peer"], r["impl"]))
+    head = f"{'op':24s} {'impl':14s} {'dtype':9s} {'shape':42s} {'ms p50':>9s} {'[p20-p80]':>19s} " \
+           f"{'tok/s':>10s} {'GB/s':>8s} {'%copy':>6s}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        spread = f"[{f(r['ms_p20'], '.4g')}-{f(r['ms_p80'], '.4g')}]" if r.get("ms_p20") is not None else "-"
+        impl = r["impl"] + ("*" if r["peer"] else "")
+        err = f"  ERROR {r['error'][:60]}" if r.get("error") else ""
+        lines.append(f"{r['op'][:24]:24s} {impl[:14]:14s} {r['dtype'][:9]:9s} {shape[:42]:42s} "
+                     f"{f(r.get('ms_p50'), '.4g'):>9s} {spread:>19s} {f(r.get('tok_s'), '.4g'):>10s} "
+                     f"{f(r.get('gb_s'), '.4g'):>8s} {f(r.get('pct_copy_bw'), '.3g'):>6s}{err}")
+    lines.append("(* = peer implementation)")
+    return "\n".join(lines)

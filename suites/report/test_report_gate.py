@@ -1,0 +1,193 @@
+"""`harness gate` and the run loader on hand-made runs: record -> case table -> findings -> exit code."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from harness.cli import main
+from harness.gate import GateConfig, gate_runs
+from harness.report.runs import Run, RunError, load_run
+from harness.report.samples import make_run
+
+SLOW_KEY = ("causal_conv1d_varlen", "triton", 1024)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    def mk(name, **kw):
+        return make_run(str(tmp_path / f"{name}.jsonl"), **kw)
+    return mk
+
+
+def kinds(res, kind):
+    return [f for f in res.findings if f.kind == kind]
+
+
+def test_identical_runs_are_clean(runs):
+    """A run gated against an identical run has no findings that gate, and exit code 0."""
+    b = load_run(runs("base"))
+    c = load_run(runs("cand"))
+    res = gate_runs(b, c)
+    assert res.regressions == []
+    assert res.exit_code == 0
+    assert res.stats["timings_matched"] == len(b.timings) and res.stats["comparisons_matched"] == 16
+
+
+def test_planted_slowdown_is_flagged(runs):
+    """A 10% tok/s drop of one case (p20-p80 spread 1%) is a performance regression of exactly that case."""
+    res = gate_runs(load_run(runs("base")), load_run(runs("cand", slow={SLOW_KEY: 0.10})))
+    perf = kinds(res, "performance")
+    assert len(perf) == 1, res.findings
+    assert "causal_conv1d_varlen" in perf[0].key and "triton" in perf[0].key and "T=1024" in perf[0].key
+    assert perf[0].candidate == pytest.approx(0.9 * perf[0].baseline)
+    assert res.exit_code == 1
+
+
+def test_slowdown_within_noise_is_not_flagged(runs):
+    """An 8% drop whose p20-p80 spread is 10% of the median does not gate (threshold 5% + noise 10%);
+    the same drop with a 1% spread does."""
+    noisy = {SLOW_KEY: 0.10}
+    res = gate_runs(load_run(runs("base", noisy=noisy)), load_run(runs("cand", slow={SLOW_KEY: 0.08}, noisy=noisy)))
+    assert kinds(res, "performance") == [] and res.exit_code == 0
+    res = gate_runs(load_run(runs("base2")), load_run(runs("cand2", slow={SLOW_KEY: 0.08})))
+    assert len(kinds(res, "performance")) == 1
+
+
+@given(drop=st.floats(0.0, 0.6), spread=st.floats(0.0, 0.3), threshold=st.floats(0.0, 0.3))
+def test_perf_threshold_widened_by_spread(drop, spread, threshold):
+    """For any drop d, spread s and threshold t: flagged iff d > t + s (noise_k = 1), up to rounding."""
+    assume(abs(drop - (threshold + spread)) > 1e-6)
+
+    def timing(tok_s, sp):
+        ms = 1000.0 / tok_s
+        return {"kind": "timing", "bench": "b", "op": "op", "impl": "triton", "dtype": "bfloat16",
+                "shape": {"T": 1024}, "tokens": 1, "tok_s": tok_s, "ms_p50": ms, "ms_p20": ms * (1 - sp / 2),
+                "ms_p80": ms * (1 + sp / 2), "device": "cuda:0"}
+    env = [{"device": "cuda", "device_name": "H200"}]
+    b = Run("b", "b", envs=env, timings=[timing(1000.0, spread)])
+    c = Run("c", "c", envs=env, timings=[timing(1000.0 * (1 - drop), 0.0)])
+    res = gate_runs(b, c, GateConfig(perf_threshold=threshold))
+    assert bool(kinds(res, "performance")) == (drop > threshold + spread)
+
+
+def test_planted_accuracy_regression_is_flagged(runs):
+    """Comparisons that passed in the baseline and fail in the candidate are accuracy regressions."""
+    reg = {("selective_scan_varlen", "triton", "bfloat16")}
+    res = gate_runs(load_run(runs("base")), load_run(runs("cand", regress=reg)))
+    acc = kinds(res, "accuracy")
+    assert len(acc) == 2  # two shapes of that case
+    assert all("selective_scan_varlen" in f.key and "triton" in f.key and "bfloat16" in f.key for f in acc)
+    assert res.exit_code == 1
+    # a case failing in both runs is still failing, not a regression
+    res = gate_runs(load_run(runs("b2", regress=reg)), load_run(runs("c2", regress=reg)))
+    assert kinds(res, "accuracy") == [] and len(kinds(res, "still-failing")) == 2 and res.exit_code == 0
+
+
+def test_error_growth(runs):
+    """A passing comparison whose error ratio grows beyond max(0.1 x tolerance, 2 x baseline) gates;
+    growth under that limit does not."""
+    key = ("causal_conv1d_varlen", "torch", "float32")  # baseline error = 0.01 x tolerance
+    res = gate_runs(load_run(runs("base")), load_run(runs("cand", grow={key: 20.0})))
+    assert len(kinds(res, "error-growth")) == 2 and res.exit_code == 1
+    res = gate_runs(load_run(runs("b2")), load_run(runs("c2", grow={key: 5.0})))  # 0.05 x tol < floor
+    assert kinds(res, "error-growth") == [] and res.exit_code == 0
+
+
+def test_missing_cases_are_flagged(runs):
+    """Cases of the baseline absent from the candidate (comparisons and timings) gate as missing."""
+    res = gate_runs(load_run(runs("base")), load_run(runs("cand", drop={("selective_scan_varlen", "torch")})))
+    missing = kinds(res, "missing")
+    assert len(missing) == 4 + 3  # 2 dtypes x 2 shapes of comparisons + 3 lengths of timings
+    assert all("selective_scan_varlen" in f.key and "torch" in f.key for f in missing)
+    assert res.exit_code == 1
+
+
+def test_redrawn_hypothesis_shapes_are_not_missing():
+    """A comparison group present in both runs but with other (hypothesis-drawn) shapes is not missing;
+    a failing example in a group that passed everywhere in the baseline is an accuracy regression."""
+    def comp(shape, verdict="pass"):
+        return {"kind": "comparison", "test_id": "t.py::test_x", "name": "y", "op": "op", "impl": "triton",
+                "dtype": "float32", "shapes": {"x": [shape, 4]}, "err_ratio": 1e-6, "verdict": verdict,
+                "tolerance": {"ratio": 2e-4}, "device": "cpu"}
+    env = [{"device": "cpu", "device_name": "x"}]
+    b = Run("b", "b", envs=env, comparisons=[comp(3), comp(5)])
+    c = Run("c", "c", envs=env, comparisons=[comp(7), comp(9)])
+    res = gate_runs(b, c)
+    assert res.regressions == [] and res.stats["comparisons_redrawn"] == 2
+    c = Run("c", "c", envs=env, comparisons=[comp(7), comp(9, "fail")])
+    assert [f.kind for f in gate_runs(b, c).regressions] == ["accuracy"]
+
+
+def test_cli_exit_codes(runs, tmp_path, capsys):
+    """Exit codes: 0 clean, 1 regression, 2 unreadable input / cross-device / bad option; --json output."""
+    base = runs("base")
+    assert main(["gate", "--baseline", base, "--candidate", runs("same")]) == 0
+    out = capsys.readouterr().out
+    assert "gate: PASS" in out
+    js = str(tmp_path / "gate.json")
+    assert main(["gate", "--baseline", base, "--candidate", runs("slow", slow={SLOW_KEY: 0.10}), "--json", js]) == 1
+    assert "gate: FAIL" in capsys.readouterr().out
+    with open(js) as f:
+        assert json.load(f)["exit_code"] == 1
+    cpu = runs("cpu", device="cpu", device_name="x86_64")
+    assert main(["gate", "--baseline", base, "--candidate", cpu]) == 2
+    assert "--allow-cross-device" in capsys.readouterr().err
+    assert main(["gate", "--baseline", base, "--candidate", cpu, "--allow-cross-device"]) in (0, 1)
+    assert main(["gate", "--baseline", base, "--candidate", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such path" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema": 1, "kind": "env"}\nnot json\n')
+    assert main(["gate", "--baseline", base, "--candidate", str(bad)]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+    assert main(["gate", "--baseline", base, "--candidate", base, "--perf-threshold", "1.5"]) == 2
+    assert "--perf-threshold" in capsys.readouterr().err
+
+
+def test_loader_rejects_bad_runs(tmp_path):
+    """Mixed schema versions, an empty run, non-benchmark JSON and an empty folder are clear RunErrors."""
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"schema": 1, "kind": "timing", "op": "a"}\n{"schema": 2, "kind": "timing", "op": "b"}\n')
+    with pytest.raises(RunError, match="schema"):
+        load_run(str(mixed))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"schema": 1, "kind": "env", "env": {"device": "cpu"}}\n')
+    with pytest.raises(RunError, match="empty run"):
+        load_run(str(empty))
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    with pytest.raises(RunError, match="pytest-benchmark"):
+        load_run(str(other))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(RunError, match="run folder"):
+        load_run(str(tmp_path / "folder"))
+
+
+def _pytest_benchmark_json(path, median_s, q1, q3):
+    data = {"machine_info": {"node": "h", "cpu": {"brand_raw": "Fake CPU"}}, "commit_info": {"id": "abc"},
+            "version": "5.2.3", "datetime": "2026-11-29T00:00:00",
+            "benchmarks": [{"name": "test_bench[conv-ref]", "group": None, "params": {},
+                            "extra_info": {"bench": "causal_conv1d_varlen/reference", "op": "causal_conv1d_varlen",
+                                           "impl": "reference", "dtype": "float32", "shape": {"T": 64, "D": 16},
+                                           "tokens": 64, "bytes": 10000, "device": "cpu"},
+                            "stats": {"median": median_s, "q1": q1, "q3": q3, "rounds": 10}}]}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_pytest_benchmark_json_is_a_run(tmp_path):
+    """pytest-benchmark JSON loads as timings (ms from seconds, tok/s from extra_info tokens) and gates."""
+    b = _pytest_benchmark_json(tmp_path / "b.json", 1e-3, 0.99e-3, 1.01e-3)
+    run = load_run(b)
+    (t,) = run.timings
+    assert t["ms_p50"] == pytest.approx(1.0) and t["tok_s"] == pytest.approx(64000.0)
+    assert run.device_kind == "cpu" and run.env["device_name"] == "Fake CPU"
+    c = _pytest_benchmark_json(tmp_path / "c.json", 1.25e-3, 1.24e-3, 1.26e-3)
+    assert main(["gate", "--baseline", b, "--candidate", c]) == 1
+    folder = tmp_path / "run1"
+    folder.mkdir()
+    os.rename(c, folder / "bench-pytest.json")
+    assert main(["gate", "--baseline", b, "--candidate", str(folder)]) == 1
