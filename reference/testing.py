@@ -122,7 +122,7 @@ def slice_tokens(inputs: dict, op: str, start: int, end: int, initial_states=Non
 # ----------------------------------------------------------------------------------------------
 # builders
 
-def make_conv_inputs(T: int, D: int, K: int = 4, *, dtype=torch.float64, seed: int = 0, cu_seqlens=None,
+def make_conv_inputs(T: int, D: int, K: int = 4, dtype=torch.float64, seed: int = 0, *, cu_seqlens=None,
                      initial_states: bool = False, bias: bool = True, activation="silu",
                      device="cpu") -> dict:
     """kwargs for `causal_conv1d`: x (T, D), weight (D, K) ~ U(-1, 1)/sqrt(K), bias, activation,
@@ -137,7 +137,7 @@ def make_conv_inputs(T: int, D: int, K: int = 4, *, dtype=torch.float64, seed: i
     return _finish(d, dtype, device)
 
 
-def make_mamba1_inputs(T: int, Dm: int, N: int = 16, G: int = 1, *, dtype=torch.float64, seed: int = 0,
+def make_mamba1_inputs(T: int, Dm: int, N: int = 16, G: int = 1, dtype=torch.float64, seed: int = 0, *,
                        cu_seqlens=None, initial_states: bool = False, D: bool = True, z: bool = True,
                        delta_bias: bool = True, delta_softplus: bool = True, bc_2d: bool = False,
                        device="cpu") -> dict:
@@ -159,7 +159,7 @@ def make_mamba1_inputs(T: int, Dm: int, N: int = 16, G: int = 1, *, dtype=torch.
     return _finish(d, dtype, device)
 
 
-def make_ssd_inputs(T: int, H: int, P: int, N: int = 16, G: int = 1, *, dtype=torch.float64, seed: int = 0,
+def make_ssd_inputs(T: int, H: int, P: int, N: int = 16, G: int = 1, dtype=torch.float64, seed: int = 0, *,
                     cu_seqlens=None, initial_states: bool = False, D: str | None = "head", z: bool = True,
                     dt_bias: bool = True, dt_softplus: bool = True, dt_limit=(0.0, float("inf")),
                     device="cpu") -> dict:
@@ -181,7 +181,7 @@ def make_ssd_inputs(T: int, H: int, P: int, N: int = 16, G: int = 1, *, dtype=to
     return _finish(d, dtype, device)
 
 
-def make_norm_inputs(shape: Sequence[int], *, dtype=torch.float64, seed: int = 0, z: bool = True,
+def make_norm_inputs(shape: Sequence[int], dtype=torch.float64, seed: int = 0, *, z: bool = True,
                      group_size: int | None = None, norm_before_gate: bool = True, eps: float = 1e-6,
                      device="cpu") -> dict:
     """kwargs for `gated_rms_norm`: x, z of `shape`, weight (shape[-1],) ~ 1 + 0.1 N(0, 1)."""

@@ -73,6 +73,55 @@ def test_selective_scan_dt_zero_keeps_state(lengths, G, seed, check):
 
 
 # ---------------------------------------------------------------------------------------------
+# dt preprocessing: bias, then softplus, then the dt_limit clamp
+
+
+@pytest.mark.parametrize("form", list(SSD_FORMS) + ["update"])
+@given(bites=st.sampled_from(["lo", "hi", "both"]), seed=seeds)
+def test_ssd_dt_is_bias_softplus_then_clamp(form, bites, seed, check):
+    """The effective step is clamp(softplus(dt + dt_bias), *dt_limit): the op on raw dt equals the op
+    given that effective dt directly (no bias, no softplus, no limit). The limit is set between quantiles
+    of softplus(dt + dt_bias), so the low end, the high end or both really clamp."""
+    inp = make_ssd_inputs(8, 4, 2, 3, 2, seed=seed, initial_states=True, D="head")
+    raw = F.softplus(inp["dt"] + inp["dt_bias"])
+    lo = float(raw.quantile(0.3)) if bites in ("lo", "both") else 0.0
+    hi = float(raw.quantile(0.7)) if bites in ("hi", "both") else float("inf")
+    inp["dt_limit"] = (lo, hi)
+    eff = raw.clamp(lo, hi)
+    pre = dict(inp, dt=eff, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf")))
+    if form == "update":
+        keys = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "dt_limit")
+        state = inp["initial_states"].expand(8, 4, 2, 3)
+        got = ssd_state_update(state, **{k: inp[k] for k in keys})
+        want = ssd_state_update(state, **{k: pre[k] for k in keys})
+    else:
+        got, want = SSD_FORMS[form](**inp), SSD_FORMS[form](**pre)
+    check.close("y", got[0], want[0], op="ssd", impl="reference", tol=TIGHT, seed=seed)
+    check.close("final_states", got[1], want[1], op="ssd", impl="reference", tol=TIGHT, seed=seed)
+
+
+@pytest.mark.parametrize("form", ["scan", "update"])
+@given(softplus=st.booleans(), seed=seeds)
+def test_selective_scan_delta_is_bias_then_softplus(form, softplus, seed, check):
+    """Mamba-1's step is softplus(delta + delta_bias) (or delta + delta_bias without softplus): the op on
+    raw delta equals the op given that step directly with no bias and no softplus."""
+    inp = make_mamba1_inputs(6, 4, 3, 2, seed=seed, initial_states=True, delta_softplus=softplus)
+    eff = inp["delta"] + inp["delta_bias"]
+    eff = F.softplus(eff) if softplus else eff
+    pre = dict(inp, delta=eff, delta_bias=None, delta_softplus=False)
+    if form == "update":
+        def run(d):
+            return selective_state_update(d["initial_states"].expand(6, 4, 3), d["u"], d["delta"], d["A"], d["B"],
+                                          d["C"], d["D"], d["z"], dt_bias=d["delta_bias"],
+                                          dt_softplus=d["delta_softplus"])
+        got, want = run(inp), run(pre)
+    else:
+        got, want = selective_scan(**inp), selective_scan(**pre)
+    check.close("y", got[0], want[0], op="selective_scan", impl="reference", tol=TIGHT, seed=seed)
+    check.close("final_states", got[1], want[1], op="selective_scan", impl="reference", tol=TIGHT, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------
 # very negative A: everything but the current token is forgotten
 
 

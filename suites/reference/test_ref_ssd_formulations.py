@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from harness.checks import Tolerance, tolerance_for
 from reference.ssd import segsum, ssd_chunked, ssd_scan
@@ -30,7 +30,14 @@ def ssd_cases(draw):
         seed=draw(st.integers(0, 2**31 - 1)))
 
 
+# Always-run examples: groups mapped to several heads, chunk sizes not dividing the lengths, empty sequences.
+_EX = dict(P=3, N=4, z=True, initial_states=True, dt_bias=True, dt_softplus=True, seed=7)
+
+
 @given(case=ssd_cases())
+@example(case=dict(_EX, lengths=[5, 0, 13], H=4, G=2, chunk_size=4, D="head_dim", dt_limit=(0.005, 0.05)))
+@example(case=dict(_EX, lengths=[17], H=4, G=1, chunk_size=3, D="head", dt_limit=(0.0, math.inf)))
+@example(case=dict(_EX, lengths=[9, 11], H=2, G=2, chunk_size=64, D=None, dt_limit=(0.0, 0.02)))
 def test_chunked_equals_scan_float64(case, check):
     """For any packed batch (empty sequences included), chunk size (dividing the lengths or not),
     n_groups in {1, 2, H}, D per head or per head x dim, with/without z, dt_bias, softplus, dt_limit and
