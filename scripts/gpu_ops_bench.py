@@ -1,11 +1,17 @@
-"""GPU timing of our Triton op kernels on the ANCHORS.md shapes (and mamba_ssm's Triton state update).
+"""GPU timing of our Triton op kernels on the ANCHORS.md shapes, next to mamba_ssm's Triton ops.
 
-python3 scripts/gpu_ops_bench.py OUT_JSONL [--sweep]
-Each figure is the median of triton.testing.do_bench; GB/s counts the fewest bytes the op must move
-(inputs read once, outputs written once, the state read and written once). Index checks are off
+python3 scripts/gpu_ops_bench.py OUT_DIR [--sweep] [--graph-sweep] [--budget SECONDS]
+Phase A times every anchor with the current launch configs; phase B (--sweep) tries other configs
+per kernel, most important first, until the budget is spent; phase C re-times every anchor with the
+best configs, which are written to OUT_DIR/ops-best-config.json (usable via HARNESS_TRITON_CONFIG).
+Each figure is the median of triton.testing.do_bench ("triton": eager calls, Python validation and
+launch included) and of do_bench_cudagraph ("triton-graph": graph replays, GPU time only); GB/s counts the fewest bytes the op must move
+(inputs read once, outputs written once, a state read and written once). Index checks are off
 (`no_index_checks`, as under CUDA-graph capture) so no host sync is timed.
 """
+import importlib
 import json
+import os
 import sys
 import time
 
@@ -14,22 +20,32 @@ import triton
 
 from harness.ops import no_index_checks
 
-OUT = sys.argv[1]
+OUTD = sys.argv[1]
 SWEEP = "--sweep" in sys.argv
+BUDGET = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 80.0
+GRAPH_SWEEP = "--graph-sweep" in sys.argv  # rank configs by CUDA-graph time (no launch overhead)
+T0 = time.time()
 dev = "cuda"
-rows = []
+JSONL = os.path.join(OUTD, "ops-bench.jsonl")
+tconv, tscan, tssu, tnorm = (importlib.import_module("harness.impls.triton." + m)
+                             for m in ("conv1d", "selective_scan", "selective_state_update", "gated_rms_norm"))
+MODS = {"conv1d": tconv, "selective_scan": tscan, "selective_state_update": tssu}
 
 
-def bench(fn, warmup=10, rep=50):
-    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def record(op, shape, impl, ms, nbytes, config=None, note=""):
-    r = dict(kind="timing", op=op, shape=shape, impl=impl, ms=round(ms, 5), gbps=round(nbytes / ms / 1e6, 1),
-             config=config, note=note)
-    rows.append(r)
-    print(f"{op:28s} {shape:40s} {impl:16s} {ms:8.4f} ms {r['gbps']:8.1f} GB/s {config or ''} {note}", flush=True)
-    with open(OUT, "a") as f:
+def bench_graph(fn):
+    """GPU time without the Python launch/validation overhead (what a CUDA-graph replay costs)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median")
+
+
+def record(phase, op, shape, impl, ms, nbytes, config=None):
+    r = dict(kind="timing", phase=phase, op=op, shape=shape, impl=impl, ms=round(ms, 5),
+             gbps=round(nbytes / ms / 1e6, 1), config=config)
+    print(f"[{phase}] {op:26s} {shape:32s} {impl:16s} {ms:8.4f} ms {r['gbps']:8.1f} GB/s {config or ''}", flush=True)
+    with open(JSONL, "a") as f:
         f.write(json.dumps(r) + "\n")
 
 
@@ -37,163 +53,174 @@ def nb(*ts):
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
+def bf(*shape):
+    return torch.randn(*shape, device=dev, dtype=torch.bfloat16)
+
+
+try:
+    from harness.impls.adapters import import_peer
+    ms_ssu = import_peer("mamba_ssm.ops.triton.selective_state_update").selective_state_update
+    ms_norm = import_peer("mamba_ssm.ops.triton.layernorm_gated").rmsnorm_fn
+except Exception as e:  # noqa: BLE001
+    ms_ssu = ms_norm = None
+    print("mamba_ssm not importable:", e, flush=True)
+
 torch.manual_seed(0)
-from harness.impls.triton import conv1d as tconv, selective_scan as tscan, selective_state_update as tssu
-from harness.impls.triton import gated_rms_norm as tnorm
-
-# roofline
-a = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
-b = torch.empty_like(a)
-record("copy", "256 MiB d2d", "torch", bench(lambda: b.copy_(a)), 2 * a.numel())
-del a, b
+ANCHORS = {}  # name -> (op, shape, module, fn, nbytes, peer_fn)
 
 
-def sweep(mod, grid, fn, op, shape, nbytes, default):
-    best = None
-    cfgs = grid if SWEEP else [default]
-    for cfg in cfgs:
-        old = dict(mod.CONFIG)
-        mod.CONFIG.update(cfg)
-        try:
-            fn()
-            torch.cuda.synchronize()
-            ms = bench(fn)
-        except Exception as e:  # noqa: BLE001
-            print(f"{op} {cfg}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
-            mod.CONFIG.clear(); mod.CONFIG.update(old)
-            continue
-        record(op, shape, "triton", ms, nbytes, config=dict(cfg))
-        if best is None or ms < best[0]:
-            best = (ms, dict(cfg))
-        mod.CONFIG.clear(); mod.CONFIG.update(old)
-    if best:
-        mod.CONFIG.update(best[1])
-        record(op, shape, "triton(best)", best[0], nbytes, config=best[1])
-    return best
+def conv_prefill(L):
+    D, K = 10240, 4
+    x, w, b = bf(L, D), bf(D, K), bf(D)
+    pool = torch.zeros(1, D, K - 1, device=dev, dtype=torch.bfloat16)
+    q = torch.tensor([0, L], device=dev, dtype=torch.int32)
+    idx = torch.tensor([0], device=dev, dtype=torch.int32)
+    hi = torch.tensor([False], device=dev)
+    y = torch.empty_like(x)
+    return ("causal_conv1d_varlen", f"D={D} K={K} L={L}", "conv1d",
+            lambda: tconv.causal_conv1d_varlen(x, w, b, pool, q, idx, hi, activation="silu", out=y), nb(x, y), None)
 
+
+def conv_update():
+    Bsz, D, K = 256, 10240, 4
+    x, w, b = bf(Bsz, D), bf(D, K), bf(D)
+    pool = bf(Bsz, D, K - 1)
+    idx = torch.arange(Bsz, device=dev, dtype=torch.int32)
+    y = torch.empty_like(x)
+    return ("causal_conv1d_update", f"D={D} K={K} batch={Bsz}", "conv1d",
+            lambda: tconv.causal_conv1d_update(x, pool, w, b, idx, activation="silu", out=y),
+            nb(x, y) + 2 * nb(pool), None)
+
+
+def ssu_m2(Bsz):
+    H, P, N, G = 128, 64, 128, 8
+    st, x, dt = bf(Bsz, H, P, N), bf(Bsz, H, P), bf(Bsz, H)
+    A, Dp, dtb = -torch.rand(H, device=dev), torch.randn(H, device=dev), torch.randn(H, device=dev)
+    Bm, Cm, z = bf(Bsz, G, N), bf(Bsz, G, N), bf(Bsz, H, P)
+    idx = torch.arange(Bsz, device=dev, dtype=torch.int32)
+    y = torch.empty_like(x)
+    peer = None
+    if ms_ssu is not None:
+        A3, dt3 = A[:, None, None].expand(H, P, N), dt[:, :, None].expand(Bsz, H, P)
+        D3, db3 = Dp[:, None].expand(H, P), dtb[:, None].expand(H, P)
+        peer = lambda: ms_ssu(st, x, dt3, A3, Bm, Cm, D3, z, db3, dt_softplus=True, state_batch_indices=idx)
+    return ("selective_state_update/m2", f"H={H} P={P} N={N} G={G} batch={Bsz}", "selective_state_update",
+            lambda: tssu.selective_state_update(st, x, dt, A, Bm, Cm, Dp, z, dtb, idx, dt_softplus=True, out=y),
+            2 * nb(st) + nb(x, z, y, dt, Bm, Cm), peer)
+
+
+def ssu_m1():
+    Bsz, Dm, N = 256, 8192, 16
+    st, x, dt, z = bf(Bsz, Dm, N), bf(Bsz, Dm), bf(Bsz, Dm), bf(Bsz, Dm)
+    A, Dp, dtb = -torch.rand(Dm, N, device=dev), torch.randn(Dm, device=dev), torch.randn(Dm, device=dev)
+    Bm, Cm = bf(Bsz, 1, N), bf(Bsz, 1, N)
+    idx = torch.arange(Bsz, device=dev, dtype=torch.int32)
+    y = torch.empty_like(x)
+    peer = None
+    if ms_ssu is not None:
+        peer = lambda: ms_ssu(st, x, dt, A, Bm[:, 0], Cm[:, 0], Dp, z, dtb, dt_softplus=True, state_batch_indices=idx)
+    return ("selective_state_update/m1", f"D={Dm} N={N} batch={Bsz}", "selective_state_update",
+            lambda: tssu.selective_state_update(st, x, dt, A, Bm, Cm, Dp, z, dtb, idx, dt_softplus=True, out=y),
+            2 * nb(st) + nb(x, z, y, dt, Bm, Cm), peer)
+
+
+def scan(L):
+    Dm, N = 8192, 16
+    u, z = bf(L, Dm), bf(L, Dm)
+    delta = (torch.randn(L, Dm, device=dev) - 4).to(torch.bfloat16)
+    A = -torch.exp(torch.rand(Dm, N, device=dev))
+    Bm, Cm = bf(L, 1, N), bf(L, 1, N)
+    Dp, db = torch.randn(Dm, device=dev), torch.randn(Dm, device=dev) * 0.1
+    pool = torch.zeros(1, Dm, N, device=dev)
+    q = torch.tensor([0, L], device=dev, dtype=torch.int32)
+    idx = torch.tensor([0], device=dev, dtype=torch.int32)
+    hi = torch.tensor([False], device=dev)
+    y = torch.empty_like(u)
+    return ("selective_scan_varlen", f"D={Dm} N={N} L={L}", "selective_scan",
+            lambda: tscan.selective_scan_varlen(u, delta, A, Bm, Cm, Dp, z, db, pool, q, idx, hi, out=y),
+            nb(u, delta, z, y, Bm, Cm) + 2 * nb(pool), None)
+
+
+def norm():
+    T, D, gs = 4096, 8192, 1024
+    x, z, w = bf(T, D), bf(T, D), bf(D)
+    y = torch.empty_like(x)
+    peer = None
+    if ms_norm is not None:
+        peer = lambda: ms_norm(x, w, None, z=z, eps=1e-6, group_size=gs, norm_before_gate=False)
+    return ("gated_rms_norm", f"T={T} D={D} group={gs}", None,
+            lambda: tnorm.gated_rms_norm(x, w, z, group_size=gs, norm_before_gate=False, out=y), nb(x, z, y), peer)
+
+
+SWEEPS = [  # (anchor, module, configs), most important first
+    ("scan4096", "selective_scan", [dict(bd=bd, warps=wp, chunk=ch) for bd in (16, 32, 64) for wp in (1, 2, 4)
+                                    for ch in (64, 128, 256) if bd * 16 >= 32 * wp]),
+    ("m1", "selective_state_update", [dict(m1_bd=bd, m1_warps=wp, m1_rows=r) for bd in (32, 64, 128) for wp in (4, 8)
+                                      for r in (1, 4, 8)]),
+    ("m2_256", "selective_state_update", [dict(m2_bp=bp, m2_warps=wp) for bp in (4, 8, 16, 32) for wp in (2, 4, 8)]),
+    ("conv_upd", "conv1d", [dict(upd_bd=bd, upd_warps=wp, upd_rows=r) for bd in (256, 512, 1024) for wp in (4, 8)
+                            for r in (1, 4, 8)]),
+    ("conv4096", "conv1d", [dict(bt=bt, bd=bd, warps=wp) for bt in (8, 16, 32, 64) for bd in (64, 128, 256)
+                            for wp in (4, 8) if 1024 <= bt * bd <= 8192]),
+]
 
 with no_index_checks():
-    # ---- causal conv1d prefill: dim 10240, K=4, L=4096 (token-major)
-    for L in (4096, 16384):
-        D, K = 10240, 4
-        x = torch.randn(L, D, device=dev, dtype=torch.bfloat16)
-        w = torch.randn(D, K, device=dev, dtype=torch.bfloat16)
-        bias = torch.randn(D, device=dev, dtype=torch.bfloat16)
-        pool = torch.zeros(1, D, K - 1, device=dev, dtype=torch.bfloat16)
-        q = torch.tensor([0, L], device=dev, dtype=torch.int32)
-        idx = torch.tensor([0], device=dev, dtype=torch.int32)
-        hi = torch.tensor([False], device=dev)
-        y = torch.empty_like(x)
-        fn = lambda: tconv.causal_conv1d_varlen(x, w, bias, pool, q, idx, hi, activation="silu", out=y)
-        grid = [dict(bt=bt, bd=bd, warps=wp) for bt in (16, 32, 64) for bd in (64, 128, 256) for wp in (4, 8)
-                if bt * bd <= 16384]
-        sweep(tconv, grid if L == 4096 else [], fn, "causal_conv1d_varlen", f"D={D} K={K} L={L}", nb(x, y),
-              dict(tconv.CONFIG))
-    # ---- conv update batch 256
-    Bsz, D, K = 256, 10240, 4
-    x = torch.randn(Bsz, D, device=dev, dtype=torch.bfloat16)
-    pool = torch.randn(Bsz, D, K - 1, device=dev, dtype=torch.bfloat16)
-    idx = torch.arange(Bsz, device=dev, dtype=torch.int32)
-    y = torch.empty_like(x)
-    fn = lambda: tconv.causal_conv1d_update(x, pool, w, bias, idx, activation="silu", out=y)
-    grid = [dict(upd_bd=bd, upd_warps=wp) for bd in (64, 128, 256, 512) for wp in (1, 2, 4, 8)]
-    sweep(tconv, grid, fn, "causal_conv1d_update", f"D={D} K={K} batch={Bsz}", nb(x, y) + 2 * nb(pool),
-          dict(tconv.CONFIG))
+    a = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
+    b2 = torch.empty_like(a)
+    record("A", "copy", "256 MiB d2d", "torch", bench(lambda: b2.copy_(a)), 2 * a.numel())
+    del a, b2
+    builders = {"conv4096": lambda: conv_prefill(4096), "conv16384": lambda: conv_prefill(16384),
+                "conv_upd": conv_update, "m2_64": lambda: ssu_m2(64), "m2_256": lambda: ssu_m2(256), "m1": ssu_m1,
+                "scan1024": lambda: scan(1024), "scan4096": lambda: scan(4096), "scan16384": lambda: scan(16384),
+                "norm": norm}
 
-    # ---- Mamba-2 state update: H=128, P=64, N=128, G=8, bf16 state
-    try:
-        from harness.impls.adapters import import_peer
-        ms_ssu = import_peer("mamba_ssm.ops.triton.selective_state_update").selective_state_update
-    except Exception as e:  # noqa: BLE001
-        ms_ssu = None
-        print("mamba_ssm not importable:", e, flush=True)
-    for Bsz in (64, 256):
-        H, P, N, G = 128, 64, 128, 8
-        st = torch.randn(Bsz, H, P, N, device=dev, dtype=torch.bfloat16)
-        x = torch.randn(Bsz, H, P, device=dev, dtype=torch.bfloat16)
-        dt = torch.randn(Bsz, H, device=dev, dtype=torch.bfloat16)
-        A = -torch.rand(H, device=dev)
-        Bm = torch.randn(Bsz, G, N, device=dev, dtype=torch.bfloat16)
-        Cm = torch.randn(Bsz, G, N, device=dev, dtype=torch.bfloat16)
-        Dp = torch.randn(H, device=dev)
-        z = torch.randn_like(x)
-        dtb = torch.randn(H, device=dev)
-        idx = torch.arange(Bsz, device=dev, dtype=torch.int32)
-        y = torch.empty_like(x)
-        nbytes = 2 * nb(st) + nb(x, z, y, dt, Bm, Cm)
-        fn = lambda: tssu.selective_state_update(st, x, dt, A, Bm, Cm, Dp, z, dtb, idx, dt_softplus=True, out=y)
-        grid = [dict(m2_bp=bp, m2_warps=wp) for bp in (4, 8, 16, 32, 64) for wp in (2, 4, 8) if bp * 128 <= 8192]
-        sweep(tssu, grid if Bsz == 256 else [], fn, "selective_state_update/m2", f"H={H} P={P} N={N} batch={Bsz}",
-              nbytes, dict(tssu.CONFIG))
-        if ms_ssu is not None:
-            A3 = A[:, None, None].expand(H, P, N)
-            dt3 = dt[:, :, None].expand(Bsz, H, P)
-            D3 = Dp[:, None].expand(H, P)
-            db3 = dtb[:, None].expand(H, P)
-            fn2 = lambda: ms_ssu(st, x, dt3, A3, Bm, Cm, D3, z, db3, dt_softplus=True, state_batch_indices=idx)
-            fn2()
-            record("selective_state_update/m2", f"H={H} P={P} N={N} batch={Bsz}", "mamba_ssm-triton", bench(fn2),
-                   nbytes)
-    # ---- Mamba-1 state update: D=8192, N=16, batch 256, bf16 state
-    Bsz, Dm, N = 256, 8192, 16
-    st = torch.randn(Bsz, Dm, N, device=dev, dtype=torch.bfloat16)
-    x = torch.randn(Bsz, Dm, device=dev, dtype=torch.bfloat16)
-    dt = torch.randn(Bsz, Dm, device=dev, dtype=torch.bfloat16)
-    A = -torch.rand(Dm, N, device=dev)
-    Bm = torch.randn(Bsz, 1, N, device=dev, dtype=torch.bfloat16)
-    Cm = torch.randn(Bsz, 1, N, device=dev, dtype=torch.bfloat16)
-    Dp = torch.randn(Dm, device=dev)
-    z = torch.randn_like(x)
-    dtb = torch.randn(Dm, device=dev)
-    idx = torch.arange(Bsz, device=dev, dtype=torch.int32)
-    y = torch.empty_like(x)
-    nbytes = 2 * nb(st) + nb(x, z, y, dt, Bm, Cm)
-    fn = lambda: tssu.selective_state_update(st, x, dt, A, Bm, Cm, Dp, z, dtb, idx, dt_softplus=True, out=y)
-    grid = [dict(m1_bd=bd, m1_warps=wp) for bd in (16, 32, 64, 128, 256) for wp in (1, 2, 4, 8)]
-    sweep(tssu, grid, fn, "selective_state_update/m1", f"D={Dm} N={N} batch={Bsz}", nbytes, dict(tssu.CONFIG))
-    if ms_ssu is not None:
-        fn2 = lambda: ms_ssu(st, x, dt, A, Bm[:, 0], Cm[:, 0], Dp, z, dtb, dt_softplus=True, state_batch_indices=idx)
-        fn2()
-        record("selective_state_update/m1", f"D={Dm} N={N} batch={Bsz}", "mamba_ssm-triton", bench(fn2), nbytes)
+    def run_anchor(name, phase, peers=True):
+        op, shape, mod, fn, nbytes, peer = builders[name]()
+        try:
+            fn(); torch.cuda.synchronize()
+            cfg = dict(MODS[mod].CONFIG) if mod else None
+            record(phase, op, shape, "triton", bench(fn), nbytes, cfg)
+            if phase != "B":
+                record(phase, op, shape, "triton-graph", bench_graph(fn), nbytes, cfg)
+        except Exception as e:  # noqa: BLE001
+            print(f"[{phase}] {name}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+        if peers and peer is not None:
+            try:
+                peer(); torch.cuda.synchronize()
+                record(phase, op, shape, "mamba_ssm-triton", bench(peer), nbytes)
+                record(phase, op, shape, "mamba_ssm-triton-graph", bench_graph(peer), nbytes)
+            except Exception as e:  # noqa: BLE001
+                print(f"[{phase}] {name} peer: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+        torch.cuda.empty_cache()
 
-    # ---- Mamba-1 selective scan: D=8192, N=16, L=4096 batch 1, bf16
-    for L in (1024, 4096, 16384):
-        Dm, N = 8192, 16
-        u = torch.randn(L, Dm, device=dev, dtype=torch.bfloat16)
-        delta = (torch.randn(L, Dm, device=dev) - 4).to(torch.bfloat16)
-        A = -torch.exp(torch.rand(Dm, N, device=dev))
-        Bm = torch.randn(L, 1, N, device=dev, dtype=torch.bfloat16)
-        Cm = torch.randn(L, 1, N, device=dev, dtype=torch.bfloat16)
-        Dp = torch.randn(Dm, device=dev)
-        z = torch.randn_like(u)
-        db = torch.randn(Dm, device=dev) * 0.1
-        pool = torch.zeros(1, Dm, N, device=dev)
-        q = torch.tensor([0, L], device=dev, dtype=torch.int32)
-        idx = torch.tensor([0], device=dev, dtype=torch.int32)
-        hi = torch.tensor([False], device=dev)
-        y = torch.empty_like(u)
-        nbytes = nb(u, delta, z, y, Bm, Cm) + 2 * nb(pool)
-        fn = lambda: tscan.selective_scan_varlen(u, delta, A, Bm, Cm, Dp, z, db, pool, q, idx, hi, out=y)
-        grid = [dict(bd=bd, warps=wp, chunk=ch) for bd in (16, 32, 64) for wp in (1, 2, 4) for ch in (64, 128, 256)
-                if bd * 16 // (32 * wp) >= 1]
-        sweep(tscan, grid if L == 4096 else [], fn, "selective_scan_varlen", f"D={Dm} N={N} L={L}", nbytes,
-              dict(tscan.CONFIG))
-
-    # ---- gated RMSNorm: T=4096, D=8192, group 1024, z, bf16
-    T, D, gs = 4096, 8192, 1024
-    x = torch.randn(T, D, device=dev, dtype=torch.bfloat16)
-    z = torch.randn_like(x)
-    w = torch.randn(D, device=dev, dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    fn = lambda: tnorm.gated_rms_norm(x, w, z, group_size=gs, norm_before_gate=False, out=y)
-    fn()
-    record("gated_rms_norm", f"T={T} D={D} group={gs}", "triton", bench(fn), nb(x, z, y))
-    try:
-        rmsnorm_fn = import_peer("mamba_ssm.ops.triton.layernorm_gated").rmsnorm_fn
-        fn2 = lambda: rmsnorm_fn(x, w, None, z=z, eps=1e-6, group_size=gs, norm_before_gate=False)
-        fn2()
-        record("gated_rms_norm", f"T={T} D={D} group={gs}", "mamba_ssm-triton", bench(fn2), nb(x, z, y))
-    except Exception as e:  # noqa: BLE001
-        print("mamba_ssm rmsnorm_fn:", e, flush=True)
-
-print("best configs:", json.dumps(dict(conv=tconv.CONFIG, ssu=tssu.CONFIG, scan=tscan.CONFIG)), flush=True)
+    for name in builders:
+        run_anchor(name, "A")
+    if SWEEP:
+        for name, mod, cfgs in SWEEPS:
+            m = MODS[mod]
+            op, shape, _, fn, nbytes, _ = builders[name]()
+            base = dict(m.CONFIG)
+            best = None
+            for cfg in cfgs:
+                if time.time() - T0 > BUDGET:
+                    print(f"[B] budget spent; {name} sweep stopped", flush=True)
+                    break
+                m.CONFIG.update(cfg)
+                try:
+                    fn(); torch.cuda.synchronize()
+                    ms = bench_graph(fn) if GRAPH_SWEEP else bench(fn)
+                    record("B", op, shape, "triton", ms, nbytes, dict(m.CONFIG))
+                    if best is None or ms < best[0]:
+                        best = (ms, dict(m.CONFIG))
+                except Exception as e:  # noqa: BLE001
+                    print(f"[B] {name} {cfg}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+                m.CONFIG.clear(); m.CONFIG.update(base)
+            if best is not None:
+                m.CONFIG.update(best[1])
+            del fn
+            torch.cuda.empty_cache()
+        for name in builders:
+            run_anchor(name, "C", peers=False)
+with open(os.path.join(OUTD, "ops-best-config.json"), "w") as f:
+    json.dump({k: v.CONFIG for k, v in MODS.items()}, f, indent=1)
+print("configs:", json.dumps({k: v.CONFIG for k, v in MODS.items()}), f"elapsed {time.time() - T0:.0f}s", flush=True)

@@ -11,10 +11,10 @@ for f in .peers/*.tar.gz; do [ -e "$f" ] && tar xzf "$f" -C $P; done
 if ls .peers/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target $P/site .peers/*.whl 2>/dev/null || true
 fi
-MS=$(ls -d $P/mamba_ssm-*/ | head -1); CC=$(ls -d $P/causal_conv1d-*/ | head -1)
-export PYTHONPATH="$PWD:$P/site:$P/ext:${MS%/}:${CC%/}:${PYTHONPATH:-}"
+_PEER_MS=$(ls -d $P/mamba_ssm-*/ | head -1); _PEER_CC=$(ls -d $P/causal_conv1d-*/ | head -1)
+export PYTHONPATH="$PWD:$P/site:$P/ext:${_PEER_MS%/}:${_PEER_CC%/}:${PYTHONPATH:-}"
 export HARNESS_PEERS_STUB_CUDA=1   # adapters install a placeholder selective_scan_cuda until the real one is built
 if [ "${PEERS_BUILD_CUDA:-0}" = 1 ]; then
-  ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" selective_scan "$MS" $P/ext > $P/build-selective_scan.log 2>&1 ) &
-  ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" causal_conv1d "$CC" $P/ext > $P/build-causal_conv1d.log 2>&1 ) &
+  ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" selective_scan "$_PEER_MS" $P/ext > $P/build-selective_scan.log 2>&1 ) &
+  ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" causal_conv1d "$_PEER_CC" $P/ext > $P/build-causal_conv1d.log 2>&1 ) &
 fi

@@ -1,0 +1,60 @@
+"""Mamba-2 SSD over packed varlen sequences (op `ssd_varlen` of harness.ops) as a Triton pipeline.
+
+Stages (one file each, each testable alone, mirroring mamba_ssm's split):
+  ssd_chunk_cumsum   chunk table (per-sequence chunk grid, built on the device) + dt processing, dA cumsum
+  ssd_chunk_state    each chunk's own state contribution
+  ssd_state_passing  states across the chunks of each sequence, initial states from / final states to the pool
+  ssd_bmm            C . B^T per chunk and group
+  ssd_chunk_scan     outputs: carried state + intra-chunk + D skip, z gate
+
+Accumulation in fp32 (fp64 for fp64 inputs). Intermediates: dt/dA (H, NC, cs), per-chunk states
+(NC, H, P, N) in the compute dtype, states before each chunk in the activations' dtype for half types
+(the compute dtype otherwise), CB (NC, G, cs, cs) in the compute dtype. NC <= T // cs + S.
+All pointer offsets are formed in int64 (bug class 12).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness import ops as C_
+from harness.impls.triton._common import device_guard
+from harness.impls.triton.ssd_bmm import ssd_bmm
+from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, ssd_chunk_cumsum
+from harness.impls.triton.ssd_chunk_scan import ssd_chunk_scan
+from harness.impls.triton.ssd_chunk_state import ssd_chunk_state
+from harness.impls.triton.ssd_state_passing import ssd_state_passing
+
+__all__ = ["ssd_varlen"]
+
+# Launch parameters per stage (block sizes, warps); None = the stage's default. Benchmarks may set them.
+TUNING: dict = {"cumsum": {}, "chunk_state": {}, "state_passing": {}, "bmm": {}, "chunk_scan": {}}
+
+
+def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+               has_initial_state, *, dt_softplus=True, dt_limit=(0.0, math.inf), pad_slot_id=C_.PAD_SLOT_ID,
+               out=None):
+    """Mamba-2 SSD over packed sequences (see harness.ops for the contract)."""
+    T, H, P, N, G, S = C_.validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states,
+                                               query_start_loc, cache_indices, has_initial_state, dt_limit,
+                                               pad_slot_id, out)
+    y = out if out is not None else torch.empty((T, H, P), dtype=x.dtype, device=x.device)
+    if S == 0:
+        return y
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    prev_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else cd
+    NC = chunk_table_size(T, S, chunk_size)
+    with device_guard(x):
+        dt_out, dA, _, chunk_start, chunk_len, seq_first = ssd_chunk_cumsum(
+            dt, A, dt_bias, query_start_loc, chunk_size, dt_softplus=dt_softplus, dt_limit=dt_limit,
+            compute_dtype=cd, num_chunks=NC, **TUNING["cumsum"])
+        states = ssd_chunk_state(x, B, dt_out, dA, chunk_start, chunk_len, compute_dtype=cd,
+                                 **TUNING["chunk_state"])
+        prev = ssd_state_passing(states, dA, chunk_len, seq_first, query_start_loc, ssm_states, cache_indices,
+                                 has_initial_state, chunk_size, pad_slot_id=pad_slot_id, prev_dtype=prev_dtype,
+                                 **TUNING["state_passing"])
+        cb = ssd_bmm(C, B, chunk_start, chunk_len, chunk_size, compute_dtype=cd, **TUNING["bmm"])
+        ssd_chunk_scan(x, z, C, D, cb, dt_out, dA, prev, chunk_start, chunk_len, y, compute_dtype=cd,
+                       **TUNING["chunk_scan"])
+    return y
