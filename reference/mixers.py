@@ -97,7 +97,7 @@ class _Mixer:
                 fail(f"params[{k!r}]", f"shape {s}", f"shape {tuple(params[k].shape)}")
         self.cfg = cfg
         self.dtype = dtype
-        self.ops = ops or reference_ops(getattr(self, "_default_ssd", "scan"))
+        self.ops = ops or reference_ops()
         self.p = {k: v.detach().to(device=device if device is not None else v.device, dtype=dtype)
                   for k, v in params.items()}
         self.conv_w = self.p["conv1d.weight"][:, 0, :]  # (conv_dim, K)

@@ -1,0 +1,207 @@
+"""Loading-speed benchmark: our loaders next to transformers' from_pretrained on one synthetic checkpoint.
+
+    python -m harness.loader_bench --size-gb 1 [--dtype bfloat16] [--device cpu] [--dir PATH] [--json OUT]
+
+Writes a synthetic Mamba-2 checkpoint of at least `--size-gb` GB (HF layout: config.json with
+model_type mamba2, `backbone.*` names, safetensors shards of <= 512 MB with an index) to a temp folder,
+then times, in one run and in this order:
+  * harness.loader.load_weights (safetensors mmap straight to the device/dtype),
+  * harness.loader.load_weights with tp_size=2, rank 0 (half of every mixer weight),
+  * reference.loader.load_checkpoint (plain full reads),
+  * transformers Mamba2ForCausalLM.from_pretrained(folder, dtype=...).
+Each timing is wall-clock from the call until one element of every 4 KiB page of every returned
+tensor has been read (mmap-backed results are paid for like copied ones); the page cache is warm for
+every contender alike (the file was just written). Every loader's result is checked against the harness load on a
+few tensors so that a fast-but-wrong loader cannot win.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def mamba2_config(n_layer: int, d_model: int = 2048, vocab: int = 50288) -> dict:
+    return {"model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"], "hidden_size": d_model,
+            "num_hidden_layers": n_layer, "vocab_size": vocab, "state_size": 128, "expand": 2, "head_dim": 64,
+            "num_heads": 2 * d_model // 64, "n_groups": 8, "conv_kernel": 4, "chunk_size": 256,
+            "use_bias": False, "use_conv_bias": True, "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
+            "tie_word_embeddings": True, "time_step_limit": [0.0, {"__float__": "Infinity"}],
+            "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+
+
+def write_checkpoint(folder: Path, size_gb: float, dtype: torch.dtype, shard_mb: int = 512) -> tuple[dict, int]:
+    """Write the synthetic checkpoint; returns (config dict, bytes of tensor data)."""
+    from safetensors.torch import save_file
+    from reference.loader import detect_config, expected_parameters
+    el = torch.tensor([], dtype=dtype).element_size()
+    probe = detect_config(mamba2_config(1))
+    shapes1 = expected_parameters(probe)
+    per_layer = sum(math.prod(s) for n, s in shapes1.items() if n.startswith("layers.0.")) * el
+    fixed = (math.prod(shapes1["embedding.weight"]) + probe.d_model) * el
+    n_layer = max(1, math.ceil((size_gb * 1e9 - fixed) / per_layer))
+    cfg_dict = mamba2_config(n_layer)
+    cfg = detect_config(cfg_dict)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg_dict))
+    g = torch.Generator().manual_seed(0)
+    names = {"embedding.weight": "backbone.embeddings.weight", "norm_f.weight": "backbone.norm_f.weight"}
+    shard, shard_bytes, idx, weight_map, total = {}, 0, 0, {}, 0
+
+    def flush():
+        nonlocal shard, shard_bytes, idx
+        if shard:
+            idx += 1
+            fname = f"model-{idx:05d}.safetensors"
+            save_file(shard, str(folder / fname), metadata={"format": "pt"})
+            weight_map.update({k: fname for k in shard})
+            shard, shard_bytes = {}, 0
+
+    for name, shape in expected_parameters(cfg).items():
+        if name == "lm_head.weight":
+            continue  # tied
+        key = names.get(name, "backbone." + name)
+        if name.endswith("A_log"):
+            t = torch.log(torch.rand(shape, generator=g) * 15 + 1)
+        elif name.endswith("norm.weight") or name == "norm_f.weight" or name.endswith(".D"):
+            t = torch.ones(shape)
+        else:
+            t = torch.randn(shape, generator=g) * 0.02
+        t = t.to(dtype)
+        nb = t.numel() * t.element_size()
+        if shard_bytes and shard_bytes + nb > shard_mb * 2**20:
+            flush()
+        shard[key] = t
+        shard_bytes += nb
+        total += nb
+    flush()
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return cfg_dict, total
+
+
+def _touch(tensors) -> float:
+    """Read one element of every 4 KiB page of every tensor, so that lazily memory-mapped results
+    are paid for like copied ones (each loader's timing includes this)."""
+    total, seen = 0.0, set()
+    for t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        step = max(1, 4096 // t.element_size())
+        total += float(t.reshape(-1)[::step].float().sum())
+    return total
+
+
+def _timed(fn, tensors_of):
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    _touch(tensors_of(out))
+    return out, time.perf_counter() - t0
+
+
+def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep: bool) -> dict:
+    from harness.loader import load_weights
+    from reference.loader import load_checkpoint
+    dtype = DTYPES[dtype_name]
+    tmp = None
+    if folder is None:
+        tmp = tempfile.mkdtemp(prefix="loader_bench_")
+        folder = Path(tmp)
+    try:
+        t0 = time.perf_counter()
+        cfg_dict, nbytes = write_checkpoint(folder, size_gb, dtype)
+        write_s = time.perf_counter() - t0
+        gb = nbytes / 1e9
+        results = {"checkpoint": {"bytes": nbytes, "n_layer": cfg_dict["num_hidden_layers"],
+                                  "d_model": cfg_dict["hidden_size"], "dtype": dtype_name,
+                                  "files": len(list(folder.glob("*.safetensors"))), "write_s": write_s},
+                   "device": device, "torch": torch.__version__, "loads": {}}
+
+        ours, s = _timed(lambda: load_weights(folder, device=device, dtype=dtype), lambda w: w.params.values())
+        results["loads"]["harness.loader"] = s
+        probe = {k: ours.params[k].float().cpu().clone() for k in
+                 ("embedding.weight", "layers.0.mixer.in_proj.weight", f"layers.{cfg_dict['num_hidden_layers'] - 1}.mixer.A_log")}
+        del ours
+
+        tp, s = _timed(lambda: load_weights(folder, device=device, dtype=dtype, tp_rank=0, tp_size=2),
+                       lambda w: w.params.values())
+        results["loads"]["harness.loader tp=2 rank0"] = s
+        results["tp_rank0_bytes"] = tp.bytes_read
+        del tp
+
+        ref, s = _timed(lambda: load_checkpoint(folder, dtype=dtype), lambda c: c.params.values())
+        results["loads"]["reference.loader"] = s
+        for k, v in probe.items():
+            assert torch.equal(ref.params[k].float().cpu(), v), f"reference loader disagrees on {k}"
+        del ref
+
+        try:
+            import logging
+            from transformers import Mamba2ForCausalLM
+            from transformers.utils import logging as hf_logging
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+            logging.getLogger("transformers").setLevel(logging.ERROR)
+            kw = {} if device == "cpu" else {"device_map": device}  # device_map needs accelerate
+            hf, s = _timed(lambda: Mamba2ForCausalLM.from_pretrained(str(folder), dtype=dtype, **kw),
+                           lambda m: list(m.state_dict().values()))
+            results["loads"]["transformers.from_pretrained"] = s
+            sd = hf.state_dict()
+            assert torch.equal(sd["backbone.embeddings.weight"].float().cpu(), probe["embedding.weight"])
+            del hf, sd
+        except Exception as e:  # report, don't hide
+            results["loads"]["transformers.from_pretrained"] = None
+            results["transformers_error"] = f"{type(e).__name__}: {e}"
+        # GB/s of checkpoint data delivered (the TP row delivers only rank 0's share)
+        results["throughput_gb_s"] = {
+            k: (((results["tp_rank0_bytes"] / 1e9) if "tp=2" in k else gb) / v if v else None)
+            for k, v in results["loads"].items()}
+        return results
+    finally:
+        if tmp is not None and not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.loader_bench", description=__doc__.split("\n")[0])
+    p.add_argument("--size-gb", type=float, default=1.0, help="checkpoint size to write (GB, >= 0.01)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--device", default="cpu", help="target device for the loads (cpu, cuda:0, ...)")
+    p.add_argument("--dir", type=Path, default=None, help="write the checkpoint here instead of a temp folder")
+    p.add_argument("--keep", action="store_true", help="keep the temp checkpoint")
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this path")
+    a = p.parse_args(argv)
+    if not a.size_gb >= 0.01:
+        p.error(f"--size-gb: expected a number >= 0.01, got {a.size_gb}")
+    r = run(a.size_gb, a.dtype, a.device, a.dir, a.keep)
+    ck = r["checkpoint"]
+    print(f"checkpoint: {ck['bytes'] / 1e9:.3f} GB, Mamba-2 d_model {ck['d_model']} x {ck['n_layer']} layers, "
+          f"{ck['dtype']}, {ck['files']} safetensors shards (written in {ck['write_s']:.1f} s); device {r['device']}")
+    print(f"{'loader':34s} {'seconds':>9s} {'GB/s':>8s}")
+    for k, v in r["loads"].items():
+        if v is None:
+            print(f"{k:34s} {'failed':>9s}   {r.get('transformers_error', '')}")
+        else:
+            print(f"{k:34s} {v:9.2f} {r['throughput_gb_s'][k]:8.2f}")
+    if a.json:
+        tmp = a.json.with_suffix(a.json.suffix + ".tmp")
+        tmp.write_text(json.dumps(r, indent=2))
+        os.replace(tmp, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

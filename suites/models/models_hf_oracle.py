@@ -1,0 +1,225 @@
+"""Helpers for the models suites: tiny random transformers checkpoints (the oracle), their raw
+state-spaces twins, and tie-aware greedy agreement.
+
+Nothing is downloaded: configs are built here, weights are random (seeded), transformers saves them
+itself. Imported by the test modules of suites/models (it is not a test module).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+
+# transformers' CPU path calls many tiny ops (depthwise conv1d on a few tokens); with the default
+# OpenMP pool they spin-wait against the other xdist worker on a 2-core box and take 100x longer
+# (0.1 s per conv1d call measured). One intra-op thread per worker process is the right setting for
+# these tiny models; it is set when this helper is imported, i.e. only in processes running the
+# models suites.
+torch.set_num_threads(1)
+
+FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
+
+
+def quiet_transformers():
+    import logging
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A tiny model's shape, drawn by the tests."""
+    family: str
+    d_model: int = 16
+    n_layer: int = 2
+    vocab: int = 64
+    d_state: int = 4
+    d_conv: int = 4
+    expand: int = 2
+    head_dim: int = 4          # mamba2
+    n_groups: int = 1          # mamba2
+    chunk_size: int = 8        # mamba2
+    tie: bool = True
+    bias: bool = False
+    conv_bias: bool = True
+    mixer_rms_eps: float = 1e-6  # falcon
+    dt_rank: int | None = None   # mamba1: None = auto
+    time_step_limit: tuple = (0.0, math.inf)
+
+
+def hf_config(d: Dims):
+    """The transformers config object for `d` (eos/pad/bos ids put out of the way of generation)."""
+    quiet_transformers()
+    from transformers import FalconMambaConfig, Mamba2Config, MambaConfig
+    common = dict(vocab_size=d.vocab, hidden_size=d.d_model, state_size=d.d_state, num_hidden_layers=d.n_layer,
+                  conv_kernel=d.d_conv, expand=d.expand, use_bias=d.bias, use_conv_bias=d.conv_bias,
+                  tie_word_embeddings=d.tie, residual_in_fp32=True, layer_norm_epsilon=1e-5,
+                  bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    if d.family == "mamba1":
+        return MambaConfig(time_step_rank=d.dt_rank or "auto", **common)
+    if d.family == "falcon_mamba":
+        return FalconMambaConfig(time_step_rank=d.dt_rank or "auto", mixer_rms_eps=d.mixer_rms_eps, **common)
+    heads = d.expand * d.d_model // d.head_dim
+    return Mamba2Config(num_heads=heads, head_dim=d.head_dim, n_groups=d.n_groups, chunk_size=d.chunk_size,
+                        time_step_limit=tuple(d.time_step_limit), **common)
+
+
+def randomize_(module: torch.nn.Module, seed: int, scale: float = 0.3) -> None:
+    """Perturb every parameter so that no structure (ones, zeros, equal rows) hides a bug.
+
+    Norm weights stay near 1, A_log near its init, dt biases near their init; projections get
+    unit-scale-preserving noise.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.rand(p.shape, generator=g, dtype=torch.float64) * 4 + 0.5).to(p.dtype))
+            elif name.endswith("dt_bias") or name.endswith("dt_proj.bias"):
+                p.copy_((torch.rand(p.shape, generator=g, dtype=torch.float64) * 3 - 3).to(p.dtype))
+            elif name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+                p.copy_(1 + 0.2 * noise)
+            elif name.endswith(".D"):
+                p.copy_(1 + 0.5 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            elif p.dim() >= 2:
+                fan_in = p.shape[-1] if p.dim() == 2 else p[0].numel()
+                # out_proj larger: the mixers, not the (tied) embedding, must decide the next token
+                gain = 4.0 if name.endswith("out_proj.weight") else 1.0
+                p.copy_(noise * (gain * scale * 3 / math.sqrt(fan_in)))
+            else:
+                p.copy_(scale * noise)
+
+
+def hf_mixer(d: Dims, seed: int, dtype=torch.float32):
+    """A transformers mixer (layer 0) for `d` with random weights, and its config."""
+    hc = hf_config(d)
+    from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
+    from transformers.models.mamba.modeling_mamba import MambaMixer
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+    cls = {"mamba1": MambaMixer, "falcon_mamba": FalconMambaMixer, "mamba2": Mamba2Mixer}[d.family]
+    torch.manual_seed(seed)
+    mixer = cls(hc, 0, initialize_mixer_weights=False)
+    randomize_(mixer, seed)
+    return mixer.to(dtype).eval(), hc
+
+
+def hf_model(d: Dims, seed: int):
+    """A transformers causal LM for `d` with random weights (float32, eval)."""
+    hc = hf_config(d)
+    from transformers import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+    cls = {"mamba1": MambaForCausalLM, "falcon_mamba": FalconMambaForCausalLM, "mamba2": Mamba2ForCausalLM}[d.family]
+    torch.manual_seed(seed)
+    model = cls(hc)
+    randomize_(model, seed)
+    if d.tie:
+        model.tie_weights()
+    return model.eval()
+
+
+def our_config_dict(hc) -> dict:
+    return json.loads(hc.to_json_string())
+
+
+def state_spaces_config(d: Dims, vocab_size: int, pad_multiple: int) -> dict:
+    """The raw state-spaces (mamba_ssm MambaConfig) config.json for `d`."""
+    if d.family == "mamba2":
+        ssm = {"layer": "Mamba2", "d_state": d.d_state, "d_conv": d.d_conv, "expand": d.expand,
+               "headdim": d.head_dim, "ngroups": d.n_groups, "chunk_size": d.chunk_size,
+               "conv_bias": d.conv_bias, "bias": d.bias}
+        if tuple(d.time_step_limit) != (0.0, math.inf):
+            ssm["dt_limit"] = list(d.time_step_limit)
+    elif d.family == "mamba1":
+        ssm = {"d_state": d.d_state, "d_conv": d.d_conv, "expand": d.expand, "conv_bias": d.conv_bias,
+               "bias": d.bias}
+        if d.dt_rank:
+            ssm["dt_rank"] = d.dt_rank
+    else:
+        raise ValueError("state-spaces has no Falcon-Mamba format")
+    return {"d_model": d.d_model, "d_intermediate": 0, "n_layer": d.n_layer, "vocab_size": vocab_size,
+            "ssm_cfg": ssm, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True,
+            "fused_add_norm": True, "pad_vocab_size_multiple": pad_multiple, "tie_embeddings": d.tie}
+
+
+def write_state_spaces(model, d: Dims, folder: Path, fmt: str = "bin", pad_in_file: bool = True,
+                       pad_multiple: int = 8, prefix: str = "backbone.") -> Path:
+    """Write `model`'s weights as a raw state-spaces checkpoint (names `backbone.embedding.weight`, ...).
+
+    The config says vocab_size = the model's vocabulary and pad_vocab_size_multiple = `pad_multiple`.
+    state-spaces stores the embedding padded to the multiple (`pad_in_file`, zero rows) and saves
+    `lm_head.weight` even when tied (it is in its state dict); without `pad_in_file` the loader must
+    pad the rows itself.
+    """
+    from reference.loader import pad_rows, pad_vocab
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for k, v in model.state_dict().items():
+        if k.startswith("backbone."):
+            k = k[len("backbone."):]
+            if k.startswith("embeddings."):
+                k = "embedding." + k[len("embeddings."):]
+            k = prefix + k
+        sd[k] = v.detach().clone().contiguous()
+    emb = prefix + "embedding.weight"
+    if "lm_head.weight" not in sd:
+        sd["lm_head.weight"] = sd[emb].clone()
+    if pad_in_file:
+        rows = pad_vocab(d.vocab, pad_multiple)
+        sd[emb] = pad_rows(sd[emb], rows)
+        sd["lm_head.weight"] = pad_rows(sd["lm_head.weight"], rows)
+    (folder / "config.json").write_text(json.dumps(state_spaces_config(d, d.vocab, pad_multiple)))
+    if fmt == "bin":
+        torch.save(sd, folder / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+        save_file(sd, str(folder / "model.safetensors"))
+    return folder
+
+
+def hf_greedy(model, prompt: list[int], n: int):
+    """transformers' own greedy generation: (new tokens, per-step logits (n, V) float32)."""
+    ids = torch.tensor([prompt], dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, num_beams=1, output_logits=True, return_dict_in_generate=True,
+                             eos_token_id=None, pad_token_id=0, use_cache=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logits = torch.stack([lg[0] for lg in out.logits]).float()
+    return tokens, logits
+
+
+def top2_margin(logits: torch.Tensor) -> float:
+    """Relative gap between the best and second-best logit: (l1 - l2) / max(1, |l1|)."""
+    top = torch.topk(logits.double(), 2).values
+    return float((top[0] - top[1]) / max(1.0, abs(float(top[0]))))
+
+
+def first_clear_mismatch(ours: list[int], oracle: list[int], oracle_logits: torch.Tensor, margin: float = 1e-3):
+    """Tie-aware greedy agreement.
+
+    Walks the two token streams; a mismatch where the oracle's top-2 margin is <= `margin` is a tie:
+    the streams may legitimately diverge there, and nothing after it is compared. Returns None when
+    they agree, else (step, our token, oracle token, margin) of the first clear mismatch.
+    """
+    for i, (a, b) in enumerate(zip(ours, oracle)):
+        if a == b:
+            continue
+        m = top2_margin(oracle_logits[i])
+        if m <= margin:
+            return None
+        return i, a, b, m
+    if len(ours) != len(oracle):
+        return len(min(ours, oracle, key=len)), None, None, float("inf")
+    return None
