@@ -60,6 +60,11 @@ def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     device = devices.worker_device(device)
+    if device == "cpu" and os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each xdist worker gets one core: the suites' tensors are tiny, and oversubscribed intra-op
+        # threads made small ops 100x slower on a 2-core machine. HARNESS_CPU_THREADS overrides.
+        import torch
+        torch.set_num_threads(int(os.environ.get("HARNESS_CPU_THREADS", "1")))
     if device.startswith("cuda"):
         import torch
         torch.cuda.set_device(device)
