@@ -153,15 +153,16 @@ def norm():
 
 
 SWEEPS = [  # (anchor, module, configs), most important first
-    ("scan4096", "selective_scan", [dict(bd=bd, warps=wp, chunk=ch) for bd in (16, 32, 64) for wp in (1, 2, 4)
-                                    for ch in (64, 128, 256) if bd * 16 >= 32 * wp]),
+    ("scan4096", "selective_scan", [dict(bd=bd, warps=wp, chunk=ch, deep=dp, dfirst=df) for dp in (True, False)
+                                    for df in (True, False) for bd in (32, 64) for wp in (1, 2)
+                                    for ch in (128, 256)]),
     ("m1", "selective_state_update", [dict(m1_bd=bd, m1_warps=wp, m1_rows=r) for bd in (32, 64, 128) for wp in (4, 8)
                                       for r in (1, 4, 8)]),
     ("m2_256", "selective_state_update", [dict(m2_bp=bp, m2_warps=wp) for bp in (4, 8, 16, 32) for wp in (2, 4, 8)]),
     ("conv_upd", "conv1d", [dict(upd_bd=bd, upd_warps=wp, upd_rows=r) for bd in (256, 512, 1024) for wp in (4, 8)
                             for r in (1, 4, 8)]),
-    ("conv4096", "conv1d", [dict(bt=bt, bd=bd, warps=wp) for bt in (8, 16, 32, 64) for bd in (64, 128, 256)
-                            for wp in (4, 8) if 1024 <= bt * bd <= 8192]),
+    ("conv4096", "conv1d", [dict(bt=bt, bd=bd, warps=wp, dfirst=df) for df in (True, False) for bt in (8, 16, 32, 64)
+                            for bd in (64, 128, 256) for wp in (4, 8) if 1024 <= bt * bd <= 8192]),
 ]
 
 with no_index_checks():

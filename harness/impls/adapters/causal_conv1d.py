@@ -1,0 +1,62 @@
+"""Adapter for the causal-conv1d CUDA package (needs its compiled extension `causal_conv1d_cuda`).
+
+* causal_conv1d_varlen <- causal_conv1d_fn, one call per live sequence on a channel-last view
+  (1, D, L) with initial_states / return_final_states (channel-last is what its state path needs).
+  Sequences shorter than K-1 tokens: its final state would not take the older columns from the
+  initial window, so the adapter builds that window itself.
+* causal_conv1d_update <- causal_conv1d_update(x, conv_state, weight, bias, activation,
+  conv_state_indices=...) on the live rows only (pads are filtered out here).
+"""
+from __future__ import annotations
+
+import torch
+
+from harness import ops as C
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.registry import Impl, register
+
+
+def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                         *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                                 has_initial_state, activation, pad_slot_id, out)
+    fn = import_peer("causal_conv1d").causal_conv1d_fn
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    hi = has_initial_state.detach().cpu().tolist()
+    q = query_start_loc.detach().cpu().tolist()
+    y = out if out is not None else torch.empty_like(x)
+    for i in live:
+        a, b = q[i], q[i + 1]
+        init = conv_states[idx[i]].to(x.dtype) if hi[i] else torch.zeros((D, K - 1), dtype=x.dtype, device=x.device)
+        if b > a:
+            xs = x[a:b].t()[None]  # (1, D, L), stride(1) == 1: channel-last
+            init_cl = init.t().contiguous().t()[None]  # channel-last initial state (1, D, K-1)
+            ys, fin = fn(xs, weight, bias, initial_states=init_cl, return_final_states=True, activation=activation)
+            y[a:b] = ys[0].t()
+        if b - a >= K - 1:
+            final = x[b - (K - 1):b].t()
+        else:
+            final = torch.cat([init[:, (b - a):], x[a:b].t()], dim=1)
+        conv_states[idx[i]] = final.to(conv_states.dtype)
+    return y
+
+
+def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
+                         pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
+    upd = import_peer("causal_conv1d").causal_conv1d_update
+    idx, live = host_slots(conv_state_indices, pad_slot_id)
+    y = out if out is not None else torch.empty_like(x)
+    if not live:
+        return y
+    rows = torch.tensor(live, device=x.device)
+    ci = torch.tensor([idx[i] for i in live], dtype=torch.int32, device=x.device)
+    ys = upd(x[rows].contiguous(), conv_states, weight, bias, activation, conv_state_indices=ci)
+    y[rows] = ys
+    return y
+
+
+register(Impl(name="causal_conv1d", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              ops={"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update},
+              unavailable=lambda: unavailable_reason("causal_conv1d", "causal_conv1d"),
+              description="causal-conv1d CUDA kernels (per-sequence calls for varlen)"))

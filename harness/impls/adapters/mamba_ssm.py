@@ -1,0 +1,150 @@
+"""Adapters for mamba_ssm 2.3.x kernels.
+
+Impl `mamba_ssm` (its Triton ops, importable from source with a placeholder `selective_scan_cuda`):
+* selective_state_update <- mamba_ssm.ops.triton.selective_state_update.selective_state_update.
+  Mamba-2 layout: A, dt, dt_bias, D are broadcast over P with stride-0 views (its "tie_hdim" path).
+  Not supported by 2.3.2: dt_limit other than (0, inf) (no clamp; raises NotImplementedError);
+  a non-negative pad_slot_id (it skips rows whose index is < 0). Its pad rows get y = 0.
+* ssd_varlen <- mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined on the packed batch as
+  batch 1 with seq_idx (per-token sequence id), cu_seqlens and return_varlen_states=True.
+  Not supported: an initial state for any sequence but the first (it takes one initial state per batch
+  row) -> NotImplementedError; pad requests are computed (their slots are not written).
+* gated_rms_norm <- mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn.
+Impl `mamba_ssm_cuda` (needs the compiled `selective_scan_cuda`):
+* selective_scan_varlen <- mamba_ssm.ops.selective_scan_interface.selective_scan_fn, one call per
+  live sequence (it has no varlen mode). Not supported: has_initial_state (2.3.2 takes no initial
+  state) -> NotImplementedError.
+Every op validates with harness.ops first, so bad input fails the same way as for our kernels.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness import ops as C
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.registry import Impl, register
+
+_SSU = "mamba_ssm.ops.triton.selective_state_update"
+_SSD = "mamba_ssm.ops.triton.ssd_combined"
+_NORM = "mamba_ssm.ops.triton.layernorm_gated"
+_SCAN = "mamba_ssm.ops.selective_scan_interface"
+
+
+def _emit(y, out):
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
+                           dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
+                                               dt_limit, pad_slot_id, out)
+    if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
+        raise NotImplementedError("mamba_ssm selective_state_update: no dt_limit clamp (2.3.x)")
+    if pad_slot_id >= 0:
+        raise NotImplementedError("mamba_ssm selective_state_update: pads must be negative slot ids")
+    if not dt_softplus and bool((dt if dt_bias is None else dt + dt_bias[None]).min() < 0):
+        raise NotImplementedError("mamba_ssm selective_state_update: no clamp of negative dt to 0 "
+                                  "(the contract's default dt_limit lower bound)")
+    ssu = import_peer(_SSU).selective_state_update
+    if layout[0] == "mamba2":
+        _, Bsz, H, P, N, G = layout
+        A3 = A[:, None, None].expand(H, P, N)
+        dt3 = dt[:, :, None].expand(Bsz, H, P)
+        db = dt_bias if dt_bias is not None else torch.zeros(H, dtype=dt.dtype, device=dt.device)
+        db3 = db[:, None].expand(H, P)
+        D3 = None if D is None else (D[:, None].expand(H, P) if D.dim() == 1 else D)
+        y = ssu(state, x, dt3, A3, B, Cm, D3, z, db3, dt_softplus=bool(dt_softplus),
+                state_batch_indices=state_batch_indices)
+    else:
+        _, Bsz, Dm, N, G = layout
+        if G != 1:
+            raise NotImplementedError("mamba_ssm selective_state_update (Mamba-1 layout): one group of B/C only")
+        y = ssu(state, x, dt, A, B[:, 0], Cm[:, 0], D, z, dt_bias, dt_softplus=bool(dt_softplus),
+                state_batch_indices=state_batch_indices)
+    return _emit(y, out)
+
+
+def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+               has_initial_state, *, dt_softplus=True, dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, H, P, N, G, S = C.validate_ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states,
+                                             query_start_loc, cache_indices, has_initial_state, dt_limit,
+                                             pad_slot_id, out)
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    hi = has_initial_state.detach().cpu().tolist()
+    if any(hi[i] for i in live if i > 0):
+        raise NotImplementedError("mamba_ssm mamba_chunk_scan_combined: only the first packed sequence can "
+                                  "start from a state (one initial state per batch row)")
+    if T == 0:
+        raise NotImplementedError("mamba_ssm mamba_chunk_scan_combined: no empty batch")
+    mcsc = import_peer(_SSD).mamba_chunk_scan_combined
+    q = query_start_loc.to(torch.int64)
+    lens = q[1:] - q[:-1]
+    seq_idx = torch.repeat_interleave(torch.arange(S, device=x.device, dtype=torch.int32), lens)[None]
+    init = None
+    if S and 0 in live and hi[0]:
+        init = ssm_states[idx[0]][None].to(torch.float32)
+    y, states = mcsc(x[None], dt[None], A, B[None], Cm[None], chunk_size, D=D, z=None if z is None else z[None],
+                     dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx, cu_seqlens=query_start_loc,
+                     dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), return_varlen_states=True)
+    for i in live:
+        ssm_states[idx[i]] = states[i].to(ssm_states.dtype)
+    return _emit(y[0], out)
+
+
+def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
+    C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
+    rms = import_peer(_NORM).rmsnorm_fn
+    y = rms(x, weight, None, z=z, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate)
+    return _emit(y, out)
+
+
+def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
+                          has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, Dm, N, G, S = C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states,
+                                                      query_start_loc, cache_indices, has_initial_state,
+                                                      pad_slot_id, out)
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    hi = has_initial_state.detach().cpu().tolist()
+    if any(hi[i] for i in live):
+        raise NotImplementedError("mamba_ssm selective_scan_fn (2.3.x) takes no initial state")
+    fn = import_peer(_SCAN).selective_scan_fn
+    q = query_start_loc.detach().cpu().tolist()
+    y = out if out is not None else torch.empty_like(u)
+    for i in live:
+        a, b = q[i], q[i + 1]
+        if b == a:
+            ssm_states[idx[i]] = 0
+            continue
+        t = lambda v: v[a:b].t()[None]  # (1, Dm, L), channel-first as selective_scan_fn expects
+        bc = lambda v: v[a:b].permute(1, 2, 0)[None]  # (1, G, N, L)
+        ys, last = fn(t(u).contiguous(), t(delta).contiguous(), A, bc(B).contiguous(), bc(Cm).contiguous(),
+                      D, None if z is None else t(z).contiguous(), delta_bias=delta_bias,
+                      delta_softplus=bool(delta_softplus), return_last_state=True)
+        y[a:b] = ys[0].t()
+        ssm_states[idx[i]] = last[0].to(ssm_states.dtype)
+    return y
+
+
+def _cuda_scan_unavailable():
+    r = unavailable_reason("mamba_ssm", _SCAN)
+    if r:
+        return r
+    import sys
+    if getattr(sys.modules.get("selective_scan_cuda"), "__harness_placeholder__", False):
+        return "package mamba_ssm: its CUDA extension selective_scan_cuda is not built (placeholder installed)"
+    return None
+
+
+register(Impl(name="mamba_ssm", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              ops={"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
+                   "gated_rms_norm": gated_rms_norm},
+              unavailable=lambda: unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM),
+              description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm)"))
+register(Impl(name="mamba_ssm_cuda", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              ops={"selective_scan_varlen": selective_scan_varlen}, unavailable=_cuda_scan_unavailable,
+              description="mamba_ssm CUDA selective_scan_fn, one call per sequence"))

@@ -1,0 +1,164 @@
+"""Shared helpers for the op-level suites (suites/ops/): case strategies, input builders, and one
+generic check for ops that update a state pool.
+
+Generic pieces (usable for any op of `harness.ops`):
+* `require(impl, op, dtype, device)`: skip (with the reason) when the impl lacks the op or dtype.
+* `interp_small(device, impl)`: True when the case must stay tiny (Triton interpreter on CPU).
+* `lengths_st(...)`: hypothesis strategy for per-request token counts (0, 1, odd, several requests).
+* `qsl_from(lengths, device)`: query_start_loc (int32) from lengths.
+* `randn(g, shape, dtype, device, scale)`, `gen(seed)`: seeded inputs (drawn in fp32 on CPU, cast).
+* `coarser(*dtypes)`: the dtype with the loosest tolerance policy (for pools kept in another dtype).
+* `run_pool_case(check, impl, op, args, kwargs, pool_pos=..., live_slots=..., y_mask=..., ...)`:
+  poisons `out=` with NaN, snapshots the pool, calls `impl.op(op)(*args, out=..., **kwargs)`, then
+  (1) the op returned `out`; (2) y on the rows of `y_mask` matches the float64 `oracle`; (3) every live
+  slot matches the oracle's pool; (4) every other slot (pads' too) is bitwise unchanged. Returns
+  (y, pool_after) for further checks (e.g. layout agreement).
+* `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
+  another pool layout (contiguous / page_major strided view), for `run_pool_case(alt_pools=...)`.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from harness.checks import POLICY, assert_bitwise_equal, poison_, tolerance_for
+from harness.impls.reference_impl import oracle
+from harness.testing import make_pool
+
+HALF = (torch.float16, torch.bfloat16)
+ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def require(impl, op: str, dtype: torch.dtype | None = None, device: str | None = None) -> None:
+    if op not in impl.ops:
+        pytest.skip(f"implementation {impl.name!r} does not provide {op}")
+    if dtype is not None and dtype not in impl.dtypes:
+        pytest.skip(f"implementation {impl.name!r} does not support {dtype} here (dtypes {list(impl.dtypes)})")
+    if device is not None:
+        why = impl.why_unavailable(device)
+        if why:
+            pytest.skip(why)
+
+
+def interp_small(device: str, impl) -> bool:
+    """Cases run through the Triton interpreter (slow: ms per program per loop step) must be tiny."""
+    return device.startswith("cpu") and impl.name == "triton"
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+def randn(g, shape, dtype, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    return (torch.randn(tuple(shape), generator=g, dtype=torch.float32) * scale + shift).to(device, dtype)
+
+
+def rand(g, shape, dtype, device, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+    return (torch.rand(tuple(shape), generator=g, dtype=torch.float32) * (hi - lo) + lo).to(device, dtype)
+
+
+def lengths_st(max_seqs: int = 4, max_len: int = 24, min_len: int = 0, max_total: int | None = None):
+    """Per-request token counts: several requests, including empty (0), single-token and odd lengths."""
+    lens = st.lists(st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7]), st.integers(min_len, max_len)),
+                    min_size=1, max_size=max_seqs)
+    lens = lens.map(lambda ls: [max(min_len, v) for v in ls])
+    if max_total is not None:
+        lens = lens.filter(lambda ls: sum(ls) <= max_total)
+    return lens
+
+
+def qsl_from(lengths, device, dtype=torch.int32) -> torch.Tensor:
+    q = [0]
+    for n in lengths:
+        q.append(q[-1] + int(n))
+    return torch.tensor(q, dtype=dtype, device=device)
+
+
+def token_mask(lengths, slots, pad_slot_id=-1) -> torch.Tensor:
+    m = []
+    for n, s in zip(lengths, slots):
+        m += [s != pad_slot_id] * int(n)
+    return torch.tensor(m, dtype=torch.bool)
+
+
+def coarser(*dtypes) -> torch.dtype:
+    return max((d for d in dtypes if d is not None), key=lambda d: POLICY[d].ratio)
+
+
+def pool_like(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.Tensor:
+    """A pool with the same slot contents as `pool`, in `layout`."""
+    p = make_pool(pool.shape[0], tuple(pool.shape[1:]), pool.dtype, pool.device, layout=layout, seed=seed)
+    p.copy_(pool)
+    return p
+
+
+def run_pool_case(check, impl, op: str, args: list, kwargs: dict, *, pool_pos: int | None, live_slots,
+                  y_mask: torch.Tensor | None, dtype: torch.dtype, pool_dtype: torch.dtype | None = None,
+                  seed=None, shapes=None, scale: float = 1.0, out_like: torch.Tensor | None = None,
+                  alt_pools: tuple = ()):
+    """Call `impl`'s `op` with a NaN-poisoned `out=` and check y, live slots and untouched slots.
+
+    `scale` widens the dtype's tolerance (`tolerance_for(dtype, scale)`); callers justify it.
+    `alt_pools`: pools with the same initial slot contents in other layouts (see `pool_like`); the op
+    is run again on each and checked the same way against the same oracle. (Not bitwise against the
+    first run: compiled kernels may specialise on strides and change the summation order.)
+    """
+    res = _run_pool_case(check, impl, op, args, kwargs, pool_pos=pool_pos, live_slots=live_slots, y_mask=y_mask,
+                         dtype=dtype, pool_dtype=pool_dtype, seed=seed, shapes=shapes, scale=scale,
+                         out_like=out_like)
+    for alt in alt_pools:
+        a2 = list(args)
+        a2[pool_pos] = alt
+        sh = dict(shapes or {}, alt_pool_strides=list(alt.stride()))
+        _run_pool_case(check, impl, op, a2, kwargs, pool_pos=pool_pos, live_slots=live_slots, y_mask=y_mask,
+                       dtype=dtype, pool_dtype=pool_dtype, seed=seed, shapes=sh, scale=scale, out_like=out_like,
+                       tag="[other pool layout]")
+    return res
+
+
+def _run_pool_case(check, impl, op, args, kwargs, *, pool_pos, live_slots, y_mask, dtype, pool_dtype, seed,
+                   shapes, scale, out_like, tag=""):
+    args = list(args)
+    like = out_like if out_like is not None else args[0 if pool_pos != 0 else 1]
+    out = poison_(torch.empty_like(like))
+    pool = args[pool_pos] if pool_pos is not None else None
+    before = pool.clone() if pool is not None else None
+    y_ref, pool_ref = oracle(op, *args, **kwargs)
+    y = impl.op(op)(*args, out=out, **kwargs)
+    assert y is out, f"{op}: expected the op to return the `out=` tensor it was given, got another tensor"
+    tol = tolerance_for(dtype, scale)
+    m = y_mask if y_mask is not None else torch.ones(y.shape[0], dtype=torch.bool)
+    m = m.to(y.device)
+    check.close(f"{op}.y{tag}", y[m], y_ref.to(y.device)[m], op=op, impl=impl.name, dtype=dtype, tol=tol,
+                shapes=shapes, seed=seed)
+    if pool is not None:
+        live = sorted(set(int(s) for s in live_slots if s >= 0))
+        pd = coarser(dtype, pool_dtype or pool.dtype)
+        if live:
+            li = torch.tensor(live, device=pool.device)
+            check.close(f"{op}.pool[live]{tag}", pool[li], pool_ref.to(pool.device)[li], op=op, impl=impl.name,
+                        dtype=pd, tol=tolerance_for(pd, scale), shapes=shapes, seed=seed)
+        for s in range(pool.shape[0]):
+            if s not in live:
+                assert_bitwise_equal(f"{op}: pool[{s}] (slot not named by the batch, or a pad's)", pool[s], before[s])
+    return y, pool
+
+
+def other_layout_pool(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.Tensor:
+    """A copy of `pool`'s contents in the other layout of harness.testing.LAYOUTS."""
+    from harness.testing import LAYOUTS
+    return pool_like(pool, [lay for lay in LAYOUTS if lay != layout][0], seed=seed + 1)
+
+
+def profile() -> str:
+    from harness import plugin
+    return plugin._STATE.get("profile", "ci")
+
+
+def require_nightly_gpu(device: str) -> None:
+    """Large-offset cases: GPU only (gigabytes of memory), nightly profile only (seconds each)."""
+    if device.startswith("cpu"):
+        pytest.skip("needs a GPU: the case allocates > 2^31 elements (several GB)")
+    if profile() != "nightly":
+        pytest.skip("nightly-profile case (run with --profile nightly)")

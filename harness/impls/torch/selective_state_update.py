@@ -1,0 +1,48 @@
+"""Vectorized torch decode step (`selective_state_update`), Mamba-1 (Dm, N) and Mamba-2 (H, P, N) layouts."""
+from __future__ import annotations
+
+import torch
+
+from harness import ops as C
+from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots, softplus, up
+
+
+def effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd):
+    d = dt.to(cd)
+    if dt_bias is not None:
+        d = d + dt_bias.to(cd)
+    if dt_softplus:
+        d = softplus(d)
+    return d.clamp(min=float(dt_limit[0]), max=float(dt_limit[1]))
+
+
+def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
+                           dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
+                                               dt_limit, pad_slot_id, out)
+    cd = compute_dtype(x.dtype)
+    idx, live, safe = slots(state_batch_indices, pad_slot_id)
+    st = gather_init(state, safe, live, cd)
+    d = effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd)
+    xs, Bc, Cc, Dc, zc = up(x, cd), up(B, cd), up(Cm, cd), up(D, cd), up(z, cd)
+    if layout[0] == "mamba1":
+        _, Bsz, Dm, N, G = layout
+        Bg = Bc.repeat_interleave(Dm // G, dim=1)  # (B, Dm, N)
+        Cg = Cc.repeat_interleave(Dm // G, dim=1)
+        new = torch.exp(d[:, :, None] * A.to(cd)) * st + (d * xs)[:, :, None] * Bg
+        y = (new * Cg).sum(-1)
+        if Dc is not None:
+            y = y + Dc * xs
+    else:
+        _, Bsz, H, P, N, G = layout
+        Bh = Bc.repeat_interleave(H // G, dim=1)  # (B, H, N)
+        Ch = Cc.repeat_interleave(H // G, dim=1)
+        dA = torch.exp(d * A.to(cd))  # (B, H)
+        new = dA[:, :, None, None] * st + (d[:, :, None] * xs)[..., None] * Bh[:, :, None, :]
+        y = torch.einsum("bhpn,bhn->bhp", new, Ch)
+        if Dc is not None:
+            y = y + (Dc[:, None] if Dc.dim() == 1 else Dc) * xs
+    if zc is not None:
+        y = y * silu(zc)
+    scatter_final(state, idx, live, new)
+    return emit(y, x, out)

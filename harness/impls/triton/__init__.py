@@ -1,0 +1,47 @@
+"""The `triton` implementation: our Triton kernels for the ops of `harness.ops`.
+
+Runs on cuda and xpu, and on cpu through Triton's interpreter (TRITON_INTERPRET=1, set by the pytest
+plugin for `--device cpu`; slow, and fp32/fp64 only there since its half-precision arithmetic is wrong).
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.impls.registry import Impl, register
+from harness.impls.triton._common import has_gpu, interpreting
+from harness.impls.triton.conv1d import causal_conv1d_update, causal_conv1d_varlen
+from harness.impls.triton.gated_rms_norm import gated_rms_norm
+from harness.impls.triton.selective_scan import selective_scan_varlen
+from harness.impls.triton.selective_state_update import selective_state_update
+
+OPS = {
+    "causal_conv1d_varlen": causal_conv1d_varlen,
+    "causal_conv1d_update": causal_conv1d_update,
+    "selective_scan_varlen": selective_scan_varlen,
+    "selective_state_update": selective_state_update,
+    "gated_rms_norm": gated_rms_norm,
+}
+
+try:
+    from harness.impls.triton.ssd import ssd_varlen
+except ModuleNotFoundError as e:  # the SSD kernels are written separately; absent until they land
+    if e.name != "harness.impls.triton.ssd":
+        raise
+else:
+    OPS["ssd_varlen"] = ssd_varlen
+
+
+def _unavailable():
+    if interpreting() or has_gpu():
+        return None
+    return ("Triton needs a CUDA/XPU device, or TRITON_INTERPRET=1 to run on CPU through its interpreter "
+            "(pytest --device cpu sets it)")
+
+
+# Under the interpreter only fp32/fp64: its bf16/fp16 arithmetic is wrong (loads/stores are fine).
+_DTYPES = (torch.float32, torch.float64) if interpreting() else (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+IMPL = register(Impl(name="triton", ops=OPS, devices=("cuda", "xpu", "cpu"), dtypes=_DTYPES,
+                     deterministic=True, unavailable=_unavailable,
+                     description="our Triton kernels (cpu via TRITON_INTERPRET=1, fp32/fp64 only)"))

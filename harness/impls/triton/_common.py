@@ -1,0 +1,90 @@
+"""Launch helpers shared by our Triton kernels.
+
+* `interpreting()`: True when Triton runs kernels through its interpreter (TRITON_INTERPRET=1; the
+  only way to run them on CPU tensors). The interpreter is slow (milliseconds per program and loop
+  step) and its bf16/fp16 arithmetic is wrong, so the `triton` Impl only offers fp32/fp64 there.
+* `device_guard(t)`: a context that makes `t`'s device current (cuda / xpu), a no-op on cpu.
+* `TL_DTYPES` / `tl_dtype`: torch dtype -> triton.language dtype.
+* `next_power_of_2`, `cdiv`.
+* `autotune_configs(configs)`: a list of `triton.Config` that collapses to its first entry under the
+  interpreter (`@triton.autotune` with more than one config fails there).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device_guard(t: torch.Tensor):
+    kind = t.device.type
+    if kind == "cuda":
+        return torch.cuda.device(t.device)
+    if kind == "xpu" and hasattr(torch, "xpu"):
+        return torch.xpu.device(t.device)
+    return contextlib.nullcontext()
+
+
+TL_DTYPES = {
+    torch.float16: tl.float16,
+    torch.bfloat16: tl.bfloat16,
+    torch.float32: tl.float32,
+    torch.float64: tl.float64,
+    torch.int32: tl.int32,
+    torch.int64: tl.int64,
+}
+
+
+def tl_dtype(dtype: torch.dtype):
+    if dtype not in TL_DTYPES:
+        raise ValueError(f"dtype: expected one of {list(TL_DTYPES)}, got {dtype}")
+    return TL_DTYPES[dtype]
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def autotune_configs(configs: list) -> list:
+    """`configs` on a GPU; only the first one under the interpreter."""
+    return configs[:1] if interpreting() else list(configs)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp64 stays fp64; everything else accumulates in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def has_gpu() -> bool:
+    if torch.cuda.is_available():
+        return True
+    return bool(hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def dummy(t: torch.Tensor) -> torch.Tensor:
+    """A placeholder pointer for an absent optional tensor (never read: its HAS_* flag is False)."""
+    return t
+
+
+def launch_config(module: str, defaults: dict) -> dict:
+    """A kernel module's launch parameters: `defaults`, updated from the JSON file named by
+    HARNESS_TRITON_CONFIG (an object keyed by module name, e.g. {"conv1d": {"bt": 64}}), if set.
+    scripts/gpu_ops_bench.py --sweep writes such a file with the best configs it measured."""
+    import json
+    cfg = dict(defaults)
+    path = os.environ.get("HARNESS_TRITON_CONFIG")
+    if path and os.path.exists(path):
+        with open(path) as f:
+            cfg.update(json.load(f).get(module, {}))
+    return cfg

@@ -1,0 +1,52 @@
+"""Triton gated RMSNorm: one program per (token, group of channels), the group in registers."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from harness import ops as C
+from harness.impls.triton._common import device_guard, interpreting, next_power_of_2
+
+
+@triton.jit
+def _gated_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, eps_ptr, GS, eps, sx0, sx1, sw0, sz0, sz1, sy0, sy1,
+                       BG: tl.constexpr, HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
+                       ACC: tl.constexpr, EPS_F64: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1).to(tl.int64)
+    c = g * GS + tl.arange(0, BG).to(tl.int64)
+    m = tl.arange(0, BG) < GS
+    xv = tl.load(x_ptr + t * sx0 + c * sx1, mask=m, other=0.0).to(ACC)
+    if HAS_Z:
+        zv = tl.load(z_ptr + t * sz0 + c * sz1, mask=m, other=0.0).to(ACC)
+        gate = zv / (1.0 + tl.exp(-zv))
+        if not NORM_BEFORE_GATE:
+            xv = xv * gate
+    if EPS_F64:  # float arguments arrive as fp32; fp64 runs read the exact eps from a tensor
+        eps = tl.load(eps_ptr)
+    ms = tl.sum(xv * xv, axis=0) / GS
+    y = xv * (1.0 / tl.sqrt(ms + eps)) * tl.load(w_ptr + c * sw0, mask=m, other=0.0).to(ACC)
+    if HAS_Z:
+        if NORM_BEFORE_GATE:
+            y = y * gate
+    tl.store(y_ptr + t * sy0 + c * sy1, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
+    T, Dd, gs = C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
+    y = out if out is not None else torch.empty_like(x)
+    if T == 0:
+        return y
+    BG = next_power_of_2(gs)
+    acc = tl.float64 if x.dtype == torch.float64 else tl.float32
+    zp = z if z is not None else x
+    eps_t = torch.tensor([eps], dtype=torch.float64, device=x.device) if acc == tl.float64 else x
+    warps = 1 if interpreting() else max(1, min(16, BG // 256))
+    with device_guard(x):
+        _gated_norm_kernel[(T, Dd // gs)](
+            x, weight, zp, y, eps_t, gs, float(eps), x.stride(0), x.stride(1), weight.stride(0),
+            zp.stride(0), zp.stride(1), y.stride(0), y.stride(1),
+            BG=BG, HAS_Z=z is not None, NORM_BEFORE_GATE=bool(norm_before_gate), ACC=acc,
+            EPS_F64=acc == tl.float64, num_warps=warps)
+    return y
