@@ -156,6 +156,20 @@ def _bench_args(p):
 cmd_bench.add_args = _bench_args
 
 
+@subcommand("selftest", "break the engine on purpose (BUG_CLASSES variants) and require the scenario properties to catch each (exit 1 if one escapes)")
+def cmd_selftest(args) -> int:
+    from harness.selftest import main
+    return main(args)
+
+
+def _selftest_args(p):
+    from harness.selftest import add_args
+    add_args(p)
+
+
+cmd_selftest.add_args = _selftest_args
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)

@@ -1,0 +1,325 @@
+"""Model runner: drives Scheduler -> build_metadata -> per-layer mixer backend -> lm_head -> greedy sample.
+
+    runner = EngineRunner((cfg, params), "reference", num_slots=4, token_budget=32, cache_mode="all",
+                          block_size=16, dtype=torch.float64)
+    results = runner.run([Request("a", prompt, max_new_tokens=8), ...])
+    results["a"].tokens, results["a"].step_logits, results["a"].final_state
+
+One step
+  1. ``Scheduler.schedule()`` picks decodes, prefill chunks and new requests (admission seeds a slot from
+     the prefix cache: the longest cached block-aligned prefix, leaving >= 1 prompt token to compute);
+  2. decode rows are padded with pad requests (slot PAD_SLOT_ID) up to a multiple of
+     ``decode_pad_multiple`` (as CUDA-graph batch buckets do);
+  3. ``harness.engine.metadata.build_metadata`` (looked up on the module at every step, so a patched
+     builder is what runs) gives query_start_loc, state_indices, has_initial_states, snapshot positions;
+  4. embedding -> per layer: ``residual += backend(rms_norm(residual), md, pool.conv(l), pool.recurrent(l))``
+     (the backend's 3-tuple is unpacked here) -> final norm -> lm_head on the sampling rows -> argmax
+     over the unpadded vocabulary;
+  5. prefix-cache snapshots: the scheduler's chunk sizes are adjusted (through its ``chunk_fn``) for
+     TRACKED requests: in cache mode ``all`` a prefill chunk never crosses a block boundary; in mode
+     ``align`` a chunk that crosses block boundaries (and is not the prompt's last) is shortened to end on
+     the last one it crosses (as engines align chunks to blocks). Every snapshot position of the
+     metadata is then the END of its step, and the snapshot is the slot's state after the step
+     (``pool.snapshot(slot)``), inserted under ``tokens[:pos]`` (mode ``none`` never snapshots). A
+     snapshot position that is not a step end is a RuntimeError (it would need a mid-step state);
+  6. ``Scheduler.update`` with the sampled tokens.
+
+Results per request (:class:`Result`): generated tokens, the logits that chose each token (float64 on
+the CPU), the request's final state (the slot's state after its last fed token, as a ``Snapshot``),
+the tokens restored from the prefix cache at admission, its steps, and with ``record_states`` the
+state after every step keyed by absolute position.
+
+Free slots are NaN-filled at start and whenever a request finishes (``poison_free_slots``), so an op
+that reads a slot it was told not to (``has_initial_state`` False, pad rows) produces NaN.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from harness.engine import backend as backend_mod
+from harness.engine import metadata as metadata_mod
+from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
+from harness.engine.prefix_cache import PrefixCache
+from harness.engine.scheduler import BatchEntry, Request, Scheduler
+from reference.cache import Mamba1Spec, Mamba2Spec, check_block_size, check_cache_mode
+from reference.validate import fail
+
+__all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
+
+
+@dataclass
+class Result:
+    request_id: Hashable
+    prompt: tuple
+    tokens: list = field(default_factory=list)
+    step_logits: list = field(default_factory=list)  # list of (vocab,) float64 CPU tensors, stacked at the end
+    final_state: Snapshot | None = None
+    num_cached: int = 0
+    steps: list = field(default_factory=list)  # (step index, start, num_tokens, is_decode)
+    states: dict = field(default_factory=dict)  # position -> Snapshot (record_states only)
+
+    @property
+    def fed_tokens(self) -> tuple:
+        """Tokens whose state the request ends with: prompt + outputs except the last."""
+        return tuple(self.prompt) + tuple(self.tokens[:-1])
+
+
+def model_parts(model):
+    """(cfg, params) of a model given as (cfg, params), an object with .cfg/.params, or a ReferenceLM."""
+    if isinstance(model, tuple) and len(model) == 2:
+        return model
+    if hasattr(model, "cfg") and hasattr(model, "params"):
+        return model.cfg, model.params
+    if hasattr(model, "cfg") and hasattr(model, "mixers"):  # reference.models.ReferenceLM
+        params = {"embedding.weight": model.embedding, "lm_head.weight": model.lm_head,
+                  "norm_f.weight": model.norm_f}
+        for i, (n, m) in enumerate(zip(model.norms, model.mixers)):
+            params[f"layers.{i}.norm.weight"] = n
+            params.update({f"layers.{i}.mixer.{k}": v for k, v in m.p.items()})
+        return model.cfg, params
+    fail("model", "(cfg, params), an object with .cfg and .params, or a reference ReferenceLM", type(model).__name__)
+
+
+def state_spec(cfg, conv_dtype: torch.dtype, recurrent_dtype: torch.dtype):
+    """The pool spec of a model config (one layer, TP 1)."""
+    if cfg.family == "mamba2":
+        return Mamba2Spec(num_heads=cfg.num_heads, head_dim=cfg.head_dim, state_size=cfg.d_state,
+                          n_groups=cfg.n_groups, conv_kernel=cfg.d_conv, conv_dtype=conv_dtype,
+                          recurrent_dtype=recurrent_dtype)
+    return Mamba1Spec(intermediate_size=cfg.d_inner, state_size=cfg.d_state, conv_kernel=cfg.d_conv,
+                      conv_dtype=conv_dtype, recurrent_dtype=recurrent_dtype)
+
+
+def random_chunk_fn(seed: int) -> Callable:
+    """A deterministic chunk chooser: request `rid` at `start` gets a chunk in 1..cap from a PRNG seeded
+    by (seed, rid, start); the same scenario gives the same chunks in every run."""
+    def fn(rid, start, cap):
+        return random.Random(f"{seed}/{rid!r}/{start}").randint(1, cap)
+    return fn
+
+
+def _int_arg(name, v, lo):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        fail(name, f"an int >= {lo}", repr(v))
+    return v
+
+
+class EngineRunner:
+    """A small serving engine over one implementation (see module doc).
+
+    Args:
+      model: (cfg, params) with our parameter names, or a reference ReferenceLM.
+      impl: an ``Impl`` or a registered implementation name.
+      num_slots: state pool slots (max concurrently running requests).
+      token_budget: max tokens per step (>= 1).
+      cache_mode: prefix-cache mode "none" | "align" | "all".
+      block_size: prefix-cache block size (positive multiple of 8).
+      chunk_size: SSD chunk size for ``ssd_varlen`` and the metadata (default: cfg.chunk_size).
+      dtype: activation/weight dtype.
+      state_dtype: recurrent-state dtype (default float32; float64 when dtype is float64); the conv
+        state uses ``dtype``.
+      device: torch device.
+      cache_capacity: max prefix-cache snapshots.
+      layout: pool layout "layer_major" | "page_major"; conv_channels_last: see StatePool.
+      max_model_len: max len(prompt) + max_new_tokens per request (None: unlimited).
+      chunk_fn: ``chunk_fn(request_id, start, max_tokens) -> n`` prefill chunk chooser (default: as many
+        as fit the budget); then aligned to block boundaries for tracked requests (see step 5).
+      decode_pad_multiple: pad decode rows with pad requests up to a multiple of this.
+      record_states: keep every request's state after every step (Result.states).
+      poison_free_slots: NaN-fill free slots (see module doc).
+    """
+
+    def __init__(self, model, impl, *, num_slots: int = 4, token_budget: int = 64, cache_mode: str = "none",
+                 block_size: int = 16, chunk_size: int | None = None, dtype: torch.dtype = torch.float32,
+                 state_dtype: torch.dtype | None = None, device="cpu", cache_capacity: int = 64,
+                 layout: str = "layer_major", conv_channels_last: bool = False, max_model_len: int | None = None,
+                 chunk_fn: Callable | None = None, decode_pad_multiple: int = 1, record_states: bool = False,
+                 poison_free_slots: bool = True):
+        from harness.impls import registry
+        if isinstance(impl, str):
+            impl = registry.get(impl)
+        cfg, params = model_parts(model)
+        _int_arg("num_slots", num_slots, 1)
+        _int_arg("token_budget", token_budget, 1)
+        _int_arg("decode_pad_multiple", decode_pad_multiple, 1)
+        check_cache_mode(cache_mode)
+        check_block_size(block_size)
+        if chunk_size is not None:
+            _int_arg("chunk_size", chunk_size, 1)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            fail("dtype", "a floating-point torch.dtype", repr(dtype))
+        self.cfg = cfg
+        self.impl = impl
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.chunk_size = int(chunk_size or cfg.chunk_size or 256)
+        self.record_states = record_states
+        self.poison_free_slots = poison_free_slots
+        self.decode_pad_multiple = decode_pad_multiple
+        rec_dtype = state_dtype or (torch.float64 if dtype == torch.float64 else torch.float32)
+        self.spec = state_spec(cfg, dtype, rec_dtype)
+        self.pool = StatePool(self.spec, cfg.n_layer, num_slots, device=self.device, layout=layout,
+                              conv_channels_last=conv_channels_last)
+        self.cache = PrefixCache(cache_mode, block_size, cache_capacity)
+        self._user_chunk_fn = chunk_fn
+        self.sched = Scheduler(self.pool, token_budget, max_model_len=max_model_len, prefix_cache=self.cache,
+                               chunk_fn=self._chunk)
+        cast = lambda t: t.detach().to(self.device, dtype)  # noqa: E731
+        for k in ("embedding.weight", "lm_head.weight", "norm_f.weight"):
+            if k not in params:
+                fail("params", f"a {k!r} entry", "none")
+        self.embedding = cast(params["embedding.weight"])
+        self.lm_head = cast(params["lm_head.weight"])
+        self.norm_f = cast(params["norm_f.weight"])
+        self.norms = [cast(params[f"layers.{i}.norm.weight"]) for i in range(cfg.n_layer)]
+        self.backends = []
+        for i in range(cfg.n_layer):
+            pre = f"layers.{i}.mixer."
+            mp = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
+            self.backends.append(backend_mod.make_backend(cfg, mp, impl, dtype=dtype, device=self.device,
+                                                          chunk_size=self.chunk_size))
+        low = dtype in (torch.float16, torch.bfloat16)
+        self.residual_dtype = torch.float32 if (cfg.residual_in_fp32 and low) else dtype
+        self._requests: dict = {}
+        self.snapshot_log: list = []  # (request_id, prefix tokens, Snapshot) in insertion order
+        self.step_count = 0
+        if poison_free_slots:
+            self.pool.fill_free_()
+
+    # ------------------------------------------------------------------ scheduling hooks
+    def _chunk(self, rid, start: int, cap: int) -> int:
+        n = cap if self._user_chunk_fn is None else self._user_chunk_fn(rid, start, cap)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cap:
+            fail("chunk_fn", f"a chunk size in 1..{cap} (request {rid!r} at {start})", repr(n))
+        req = self._requests.get(rid)
+        if req is None or not req.track:
+            return n
+        bs = self.cache.block_size
+        if self.cache.mode == "all":  # never cross a block boundary: every boundary is a step end
+            n = min(n, (start // bs + 1) * bs - start)
+        elif self.cache.mode == "align" and start + n < len(req.prompt):
+            aligned = (start + n) // bs * bs  # end the chunk on the last block boundary it crosses
+            if aligned > start:
+                n = aligned - start
+        return n
+
+    # ------------------------------------------------------------------ seeding from outside
+    def seed(self, prefix_tokens: Sequence[int], snapshot) -> None:
+        """Put a state snapshot for `prefix_tokens` into the prefix cache (e.g. one taken from another
+        runner of the same model). Checked now: another model's / layout's snapshot, a prefix that is
+        not a whole number of blocks, or a snapshot whose token count differs is a ValueError, and
+        nothing changes."""
+        toks = tuple(int(t) for t in prefix_tokens)
+        if self.cache.mode == "none":
+            fail("cache_mode", "'align' or 'all' to seed the prefix cache", "'none'")
+        if not toks or len(toks) % self.cache.block_size:
+            fail("prefix_tokens", f"a non-empty multiple of block_size={self.cache.block_size} tokens",
+                 f"{len(toks)} tokens")
+        self.pool.check_snapshot(snapshot)
+        n = getattr(snapshot, "num_tokens", None)
+        if n is not None and n != len(toks):
+            fail("snapshot", f"the state after {len(toks)} tokens", f"a snapshot of {n} tokens")
+        snap = Snapshot({k: v.detach().clone() for k, v in snapshot.items()},
+                        getattr(snapshot, "model_key", self.pool.model_key), len(toks))
+        self.cache.insert(toks, snap)
+
+    # ------------------------------------------------------------------ run
+    def _check_requests(self, requests) -> list[Request]:
+        reqs = []
+        seen = set()
+        V = self.cfg.vocab_size
+        for i, r in enumerate(requests):
+            if not isinstance(r, Request):
+                if isinstance(r, (tuple, list)) and len(r) in (3, 4):
+                    r = Request(*r)
+                else:
+                    fail(f"requests[{i}]", "a Request or (id, prompt, max_new_tokens[, track])", repr(r)[:60])
+            if r.id in seen or r.id in self._requests:
+                fail(f"requests[{i}]", "a new request id", f"duplicate id {r.id!r}")
+            seen.add(r.id)
+            bad = [t for t in r.prompt if not 0 <= t < V]
+            if bad:
+                fail(f"requests[{i}].prompt", f"token ids in [0, {V})", f"{bad[:4]} (request {r.id!r})")
+            mml = self.sched.max_model_len
+            if mml is not None and len(r.prompt) + r.max_new_tokens > mml:
+                fail(f"requests[{i}]", f"len(prompt) + max_new_tokens <= max_model_len={mml}",
+                     f"{len(r.prompt)} + {r.max_new_tokens} (request {r.id!r})")
+            reqs.append(r)
+        return reqs
+
+    def run(self, requests: Sequence[Request]) -> dict:
+        """Run `requests` to completion; returns {request_id: Result}. Every request is validated before
+        anything runs (bad input changes no state)."""
+        reqs = self._check_requests(requests)
+        results = {}
+        for r in reqs:
+            self._requests[r.id] = r
+            results[r.id] = Result(r.id, r.prompt)
+            self.sched.add(r)
+        started = set()
+        while (batch := self.sched.schedule()) is not None:
+            self._step(batch, results, started)
+        for res in results.values():
+            res.step_logits = torch.stack(res.step_logits) if res.step_logits else torch.zeros(0, self.cfg.vocab_size)
+        return results
+
+    def _rms(self, x, w):
+        return self.impl.ops["gated_rms_norm"](x.to(self.dtype).contiguous(), w, None, eps=float(self.cfg.norm_eps))
+
+    def forward(self, tokens: torch.Tensor, md) -> torch.Tensor:
+        """Hidden states after the last layer's residual add, for the packed step tokens (T,)."""
+        residual = self.embedding[tokens].to(self.residual_dtype)
+        for i, be in enumerate(self.backends):
+            h = self._rms(residual, self.norms[i])
+            out, conv, ssm = be(h, md, self.pool.conv(i), self.pool.recurrent(i))
+            residual = residual + out.to(self.residual_dtype)
+        return residual
+
+    def _step(self, batch, results, started):
+        entries = list(batch.entries)
+        ndec = sum(1 for e in entries if e.is_decode)
+        npad = (-ndec) % self.decode_pad_multiple if ndec else 0
+        pads = [BatchEntry(("__pad__", k), PAD_SLOT_ID, 0, 1, True, (0,), sample=False, track=False)
+                for k in range(npad)]
+        all_entries = tuple(entries) + tuple(pads)
+        md = metadata_mod.build_metadata(all_entries, mode=self.cache.mode, block_size=self.cache.block_size,
+                                         chunk_size=self.chunk_size, device=self.device)
+        tokens = torch.tensor([t for e in all_entries for t in e.tokens], dtype=torch.long, device=self.device)
+        residual = self.forward(tokens, md)
+        qsl = md.query_start_loc.tolist()
+        rows = [qsl[i + 1] - 1 for i, e in enumerate(entries) if e.sample]
+        sampled = {}
+        if rows:
+            h = self._rms(residual[rows], self.norm_f)
+            logits = (h @ self.lm_head.t()).to(torch.float64).cpu()
+            choice = logits[:, : self.cfg.vocab_size_unpadded].argmax(-1).tolist()
+            for e, lg, c in zip([e for e in entries if e.sample], logits, choice):
+                sampled[e.request_id] = int(c)
+                results[e.request_id].step_logits.append(lg)
+                results[e.request_id].tokens.append(int(c))
+        for i, e in enumerate(entries):
+            res = results[e.request_id]
+            if e.request_id not in started:
+                started.add(e.request_id)
+                res.num_cached = e.start
+            res.steps.append((self.step_count, e.start, e.num_tokens, e.is_decode))
+            for pos in md.snapshot_positions[i]:
+                if pos != e.end:
+                    raise RuntimeError(f"snapshot at position {pos} inside the step [{e.start}, {e.end}) of request "
+                                       f"{e.request_id!r}: the runner only snapshots at step ends")
+                prefix = self.sched.tokens(e.request_id)[:pos]
+                snap = self.pool.snapshot(e.slot, num_tokens=pos)
+                self.snapshot_log.append((e.request_id, prefix, snap))
+                self.cache.insert(prefix, snap)
+            if self.record_states:
+                res.states[e.end] = self.pool.snapshot(e.slot, num_tokens=e.end)
+            if e.sample and len(res.tokens) >= self._requests[e.request_id].max_new_tokens:
+                res.final_state = self.pool.snapshot(e.slot, num_tokens=e.end)
+        done = self.sched.update(batch, sampled)
+        self.step_count += 1
+        if done and self.poison_free_slots:
+            self.pool.fill_free_()

@@ -1,0 +1,327 @@
+"""Model-level throughput of the engine's backend path (and transformers' own model on the same shapes).
+
+    python -m harness.engine.throughput --device cuda --preset falcon-mamba-7b --impl triton \
+        --prefill 4096 --decode-batch 64 --out reports/throughput.jsonl
+    python -m harness.engine.throughput --device cuda --family mamba2 --layers 64 --d-model 4096 \
+        --impl triton --prefill 4096 --decode-batch 64 --out FILE.jsonl
+    python -m harness.engine.throughput --device cpu --family mamba1 --layers 2 --d-model 64 \
+        --vocab 256 --prefill 64 --decode-batch 4 --dtype float32 --out /tmp/t.jsonl     # CPU smoke
+
+Random weights (realistic init) generated directly on the device in `--dtype` (default bfloat16).
+Measured, each written as a ``timing`` record (harness.records) with ``bench="model/..."``:
+
+* ``model_prefill``: batch 1, one forward of the engine's path over all layers (embedding, per layer
+  norm + MixerBackend with the implementation's varlen ops, final norm, lm_head on the last token) for
+  ``--prefill`` tokens; ``tok_s`` = prefill tokens / time;
+* ``model_decode``: ``--decode-batch`` requests, one decode step of all layers (+ greedy sample fed back),
+  timed per step after warm-up steps (so the first token is excluded); ``tok_s`` = batch / step time;
+* ``model_decode`` with ``cuda_graph=True``: the same step captured once in a torch.cuda.CUDAGraph with
+  static buffers (ops called inside ``harness.ops.no_index_checks()``) and replayed (CUDA only);
+* ``source="transformers"``: ``MambaForCausalLM`` / ``Mamba2ForCausalLM`` built from a config with the same
+  shapes, random init, same dtype: prefill = one forward of ``--prefill`` tokens (logits of the last
+  token); decode = ``generate`` at ``--decode-batch`` with k vs k+n new tokens, per-step time = the
+  difference / n. Skipped with ``--no-hf``; a failure is recorded as a record with ``error``.
+
+Presets: falcon-mamba-7b (Falcon-Mamba / Mamba-1: d_model 4096, d_inner 8192, N 16, dt_rank 256,
+vocab 65024, 64 layers); mamba-codestral-7b (Mamba-2: d_model 4096, H 128, P 64, G 8, N 128, vocab 32768,
+64 layers).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+from reference.loader import ModelConfig, expected_parameters
+from reference.validate import fail
+
+PRESETS = {
+    "falcon-mamba-7b": dict(family="falcon_mamba", layers=64, d_model=4096, d_state=16, dt_rank=256, vocab=65024,
+                            expand=2, d_conv=4),
+    "mamba-codestral-7b": dict(family="mamba2", layers=64, d_model=4096, d_state=128, head_dim=64, n_groups=8,
+                               vocab=32768, expand=2, d_conv=4, chunk_size=256),
+}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def model_config(family: str, layers: int, d_model: int, *, d_state: int | None = None, dt_rank: int | None = None,
+                 head_dim: int = 64, n_groups: int = 8, vocab: int = 32768, expand: int = 2, d_conv: int = 4,
+                 chunk_size: int = 256) -> ModelConfig:
+    if family not in ("mamba1", "falcon_mamba", "mamba2"):
+        fail("family", "mamba1, falcon_mamba or mamba2", repr(family))
+    d_inner = expand * d_model
+    common = dict(family=family, d_model=d_model, n_layer=layers, vocab_size=vocab, vocab_size_unpadded=vocab,
+                  pad_vocab_size_multiple=1, d_conv=d_conv, expand=expand, d_inner=d_inner, conv_bias=True,
+                  bias=False, norm_eps=1e-5, residual_in_fp32=True, tie_embeddings=False, source="hf",
+                  chunk_size=chunk_size)
+    if family == "mamba2":
+        if d_inner % head_dim or (d_inner // head_dim) % n_groups:
+            fail("head_dim/n_groups", f"divisors of d_inner={d_inner} and of its head count",
+                 f"head_dim={head_dim}, n_groups={n_groups}")
+        return ModelConfig(d_state=d_state or 128, n_groups=n_groups, head_dim=head_dim,
+                           num_heads=d_inner // head_dim, time_step_limit=(0.0, math.inf), mixer_norm_eps=1e-5,
+                           norm_before_gate=False, **common)
+    return ModelConfig(d_state=d_state or 16, dt_rank=dt_rank or math.ceil(d_model / 16),
+                       mixer_rms_eps=1e-6 if family == "falcon_mamba" else None, **common)
+
+
+def device_params(cfg: ModelConfig, device, dtype, seed: int = 0) -> dict:
+    """Random weights made on the device in `dtype` (A_log, D, dt biases in float32)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in expected_parameters(cfg).items():
+        leaf = name.split(".mixer.")[-1]
+        small = leaf in ("A_log", "D", "dt_bias", "dt_proj.bias")
+        dt = torch.float32 if small else dtype
+        t = torch.empty(shape, dtype=dt, device=device)
+        if leaf == "A_log":
+            t.uniform_(0.0, math.log(16.0), generator=g)
+        elif leaf == "D" or leaf.endswith("norm.weight") or name in ("norm_f.weight",):
+            t.fill_(1.0)
+        elif leaf in ("dt_bias", "dt_proj.bias"):
+            t.uniform_(-4.0, -1.0, generator=g)
+        elif name == "embedding.weight":
+            t.normal_(0.0, 1.0, generator=g)
+        elif leaf.endswith(".bias"):
+            t.zero_()
+        else:
+            t.normal_(0.0, 1.0 / math.sqrt(shape[-1]), generator=g)
+        out[name] = t
+    return out
+
+
+def _record(writer, rows, **fields):
+    rows.append(fields)
+    if writer is not None:
+        writer.write("timing", **fields)
+    tag = f"{fields['source']:12s} {fields['op']:14s} graph={str(fields.get('cuda_graph', False)):5s}"
+    if fields.get("error"):
+        print(f"throughput: {tag} ERROR {fields['error']}", flush=True)
+    else:
+        print(f"throughput: {tag} {fields['ms_p50']:10.3f} ms  {fields['tok_s']:12.1f} tok/s", flush=True)
+
+
+def _stats(ms):
+    from harness.bench.timing import summarize
+    s = summarize(ms)
+    return dict(ms_p20=s.ms_p20, ms_p50=s.ms_p50, ms_p80=s.ms_p80, reps=s.n)
+
+
+def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int,
+                      graphs: bool, emit):
+    from harness.bench.timing import time_calls
+    from harness.engine.metadata import build_metadata
+    from harness.engine.runner import EngineRunner
+    from harness.engine.scheduler import BatchEntry
+    from harness.ops import no_index_checks
+    runner = EngineRunner((cfg, params), impl, num_slots=max(batch, 1), token_budget=max(prefill, batch),
+                          dtype=dtype, device=device, poison_free_slots=False)
+    for _ in range(max(batch, 1)):
+        runner.pool.alloc()
+    V = cfg.vocab_size_unpadded
+
+    def head(residual):
+        h = runner._rms(residual, runner.norm_f)
+        return h @ runner.lm_head.t()
+
+    # prefill: batch 1
+    g = torch.Generator(device=device).manual_seed(1)
+    toks = torch.randint(0, V, (prefill,), device=device, generator=g)
+    md_p = build_metadata([BatchEntry("p", 0, 0, prefill, False)], chunk_size=runner.chunk_size, device=device)
+
+    def prefill_fn():
+        return head(runner.forward(toks, md_p)[-1:])
+    with torch.inference_mode(), no_index_checks():
+        ms = time_calls([prefill_fn], device, warmup=warmup, reps=reps)
+    st = _stats(ms)
+    emit(op="model_prefill", tokens=prefill, batch=1, cuda_graph=False, tok_s=prefill / (st["ms_p50"] / 1e3), **st)
+
+    # decode: `batch` requests, one token each per step, sampled token fed back
+    md_d = build_metadata([BatchEntry(i, i, prefill, 1, True) for i in range(batch)], chunk_size=runner.chunk_size,
+                          device=device)
+    static = torch.randint(0, V, (batch,), device=device, generator=g)
+
+    def decode_fn():
+        logits = head(runner.forward(static, md_d))
+        static.copy_(logits[:, :V].argmax(-1))
+    with torch.inference_mode(), no_index_checks():
+        ms = time_calls([decode_fn], device, warmup=max(warmup, 2), reps=reps)
+    st = _stats(ms)
+    emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=False, tok_s=batch / (st["ms_p50"] / 1e3), **st)
+    if graphs:
+        if not str(device).startswith("cuda"):
+            print("throughput: CUDA-graph decode skipped (needs a CUDA device)", flush=True)
+            return
+        try:
+            with torch.inference_mode(), no_index_checks():
+                ms = time_calls([decode_fn], device, warmup=max(warmup, 2), reps=reps, cuda_graph=True)
+            st = _stats(ms)
+            emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, tok_s=batch / (st["ms_p50"] / 1e3),
+                 **st)
+        except Exception as e:  # noqa: BLE001 - record why capture failed
+            emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, error=f"{type(e).__name__}: {e}"[:500])
+
+
+def hf_config(cfg: ModelConfig):
+    from transformers import FalconMambaConfig, Mamba2Config, MambaConfig
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, state_size=cfg.d_state,
+                  num_hidden_layers=cfg.n_layer, conv_kernel=cfg.d_conv, expand=cfg.expand, use_bias=cfg.bias,
+                  use_conv_bias=cfg.conv_bias, tie_word_embeddings=False, residual_in_fp32=True,
+                  layer_norm_epsilon=cfg.norm_eps, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    if cfg.family == "mamba1":
+        return MambaConfig(time_step_rank=cfg.dt_rank, **common)
+    if cfg.family == "falcon_mamba":
+        return FalconMambaConfig(time_step_rank=cfg.dt_rank, mixer_rms_eps=cfg.mixer_rms_eps, **common)
+    return Mamba2Config(num_heads=cfg.num_heads, head_dim=cfg.head_dim, n_groups=cfg.n_groups,
+                        chunk_size=cfg.chunk_size, **common)
+
+
+def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int, new_tokens: int, emit):
+    from transformers import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+    from harness.bench.timing import synchronize, time_calls
+    cls = {"mamba1": MambaForCausalLM, "falcon_mamba": FalconMambaForCausalLM, "mamba2": Mamba2ForCausalLM}[cfg.family]
+    try:
+        with torch.device(device):
+            model = cls(hf_config(cfg)).to(dtype).eval()
+    except Exception as e:  # noqa: BLE001
+        emit(op="model_prefill", tokens=prefill, batch=1, error=f"{type(e).__name__}: {e}"[:500])
+        return
+    V = cfg.vocab_size_unpadded
+    g = torch.Generator(device=device).manual_seed(1)
+    try:
+        ids = torch.randint(0, V, (1, prefill), device=device, generator=g)
+        with torch.inference_mode():
+            ms = time_calls([lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)], device,
+                            warmup=warmup, reps=reps)
+        st = _stats(ms)
+        emit(op="model_prefill", tokens=prefill, batch=1, tok_s=prefill / (st["ms_p50"] / 1e3), **st)
+    except Exception as e:  # noqa: BLE001
+        emit(op="model_prefill", tokens=prefill, batch=1, error=f"{type(e).__name__}: {e}"[:500])
+    try:
+        ids = torch.randint(0, V, (batch, 8), device=device, generator=g)
+
+        def gen(n):
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0, use_cache=True)
+
+        def timed(n):
+            synchronize(device)
+            t0 = time.perf_counter()
+            gen(n)
+            synchronize(device)
+            return time.perf_counter() - t0
+        gen(2)
+        n = max(1, reps // 3)
+        short = min(timed(2) for _ in range(n))
+        long = min(timed(2 + new_tokens) for _ in range(n))
+        step_ms = (long - short) / new_tokens * 1e3
+        if step_ms <= 0:
+            raise RuntimeError(f"timing noise: generate with {2 + new_tokens} tokens was not slower than with 2")
+        emit(op="model_decode", tokens=batch, batch=batch, tok_s=batch / (step_ms / 1e3), ms_p20=step_ms,
+             ms_p50=step_ms, ms_p80=step_ms, reps=n, method="min generate(k+n) - min generate(k), per step")
+    except Exception as e:  # noqa: BLE001
+        emit(op="model_decode", tokens=batch, batch=batch, error=f"{type(e).__name__}: {e}"[:500])
+    del model
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m harness.engine.throughput", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model shapes (overrides --family etc.)")
+    p.add_argument("--family", choices=("mamba1", "falcon_mamba", "mamba2"), default="mamba1")
+    p.add_argument("--layers", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=4096)
+    p.add_argument("--d-state", type=int, default=None)
+    p.add_argument("--dt-rank", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--n-groups", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=None, help="default: 65024 (mamba1) / 32768 (mamba2)")
+    p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--impl", default="triton")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--prefill", type=int, default=4096)
+    p.add_argument("--decode-batch", type=int, default=64)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--hf-new-tokens", type=int, default=8, help="decode steps timed for transformers' generate")
+    p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph decode")
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="append timing records (JSONL) here")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"throughput: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    from harness.devices import resolve
+    from harness.impls import registry
+    device = args.device
+    if device in ("auto", "cpu", "cuda", "xpu"):
+        device = resolve(device)
+    for name in ("layers", "d_model", "prefill", "decode_batch", "reps"):
+        v = getattr(args, name)
+        if v < 1:
+            fail(f"--{name.replace('_', '-')}", "a positive int", v)
+    dims = dict(PRESETS[args.preset]) if args.preset else dict(
+        family=args.family, layers=args.layers, d_model=args.d_model, d_state=args.d_state, dt_rank=args.dt_rank,
+        head_dim=args.head_dim, n_groups=args.n_groups,
+        vocab=args.vocab or (32768 if args.family == "mamba2" else 65024), chunk_size=args.chunk_size)
+    family = dims.pop("family")
+    cfg = model_config(family, dims.pop("layers"), dims.pop("d_model"), **dims)
+    dtype = DTYPES[args.dtype]
+    impl = registry.get(args.impl)
+    why = impl.why_unavailable(device)
+    if why:
+        fail("--impl", f"an implementation usable on {device}", f"{impl.name!r}: {why}")
+    writer = None
+    if args.out:
+        from harness.env import environment
+        from harness.records import RecordWriter
+        writer = RecordWriter(args.out)
+        writer.write("env", env=environment(device), bench=dict(kind="model_throughput", reps=args.reps,
+                                                                warmup=args.warmup))
+    shape = dict(family=cfg.family, layers=cfg.n_layer, d_model=cfg.d_model, d_inner=cfg.d_inner, d_state=cfg.d_state,
+                 vocab=cfg.vocab_size, prefill=args.prefill, decode_batch=args.decode_batch)
+    if cfg.family == "mamba2":
+        shape.update(num_heads=cfg.num_heads, head_dim=cfg.head_dim, n_groups=cfg.n_groups, chunk_size=cfg.chunk_size)
+    else:
+        shape.update(dt_rank=cfg.dt_rank)
+    rows: list = []
+
+    def emitter(source, impl_name):
+        def emit(**f):
+            base = dict(bench=f"model/{cfg.family}/{f['op']}/{impl_name}", impl=impl_name, device=device,
+                        dtype=args.dtype, shape=shape, source=source, cuda_graph=False, peer=source != "engine")
+            base.update(f)
+            _record(writer, rows, **base)
+        return emit
+    print(f"throughput: {cfg.family} {cfg.n_layer} layers d_model {cfg.d_model} on {device} ({args.dtype}), "
+          f"impl {impl.name}", flush=True)
+    params = device_params(cfg, device, dtype, args.seed)
+    engine_throughput(cfg, params, impl, device, dtype, args.prefill, args.decode_batch, reps=args.reps,
+                      warmup=args.warmup, graphs=not args.no_graphs, emit=emitter("engine", impl.name))
+    del params
+    import gc
+    gc.collect()  # the runner holds a reference cycle (scheduler -> chunk_fn -> runner)
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+    if not args.no_hf:
+        hf_throughput(cfg, device, dtype, args.prefill, args.decode_batch, reps=args.reps, warmup=args.warmup,
+                      new_tokens=args.hf_new_tokens, emit=emitter("transformers", "transformers"))
+    return 1 if any(r.get("error") and r["source"] == "engine" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+"""Engine scenario properties: each written ONCE as a plain function ``prop_*(case, make_runner, check=None)``.
+
+A *scenario* (:class:`Scenario`) is a set of requests on a tiny random model (family, seed), run in
+one or more *waves* (each wave is one ``EngineRunner.run`` call on the same runner, so a later wave
+can be seeded from the prefix-cache snapshots of an earlier one), with a token budget, chunk sizes
+(a deterministic chooser seeded by ``chunk_seed``: boundaries anywhere, including chunks shorter than
+the conv width), a cache mode and block size, a pool size and layout, and decode padding.
+
+``make_runner`` is a :class:`RunnerFactory` (implementation, dtype, device): ``make_runner(model, **kw)``
+builds an ``EngineRunner``. The oracle is the float64 reference model (``reference.models.ReferenceLM``)
+run ONE request at a time over the request's whole token stream (no chunking, no batching, no cache).
+
+Properties (each raises AssertionError with a message that says what differs, where, and the case):
+  * :func:`prop_matches_reference` -- every request's step logits, greedy tokens (tie-aware), final
+    state and every prefix-cache snapshot equal the oracle's;
+  * :func:`prop_split_invariance` -- prefill/decode split and chunked prefill: the case run with its
+    chunk boundaries equals the oracle (incl. the state after EVERY step) and the same engine run with
+    whole prefills;
+  * :func:`prop_seeding_equivalence` -- requests seeded from the prefix cache (mixing seeded, unseeded,
+    tracked, untracked) equal computing from scratch (the oracle and the engine with cache mode none);
+  * :func:`prop_batch_invariance` -- a request's results do not depend on the other requests: packed ==
+    one-by-one == permuted == with half the others removed;
+  * :func:`prop_determinism` -- the same scenario twice is bitwise equal (only for implementations
+    that claim ``deterministic``).
+
+Token agreement is tie-aware: a greedy choice may differ from the oracle's only where the oracle's
+logits of the two tokens are within the logit tolerance; the oracle is teacher-forced on the engine's
+tokens so the comparison continues past such a tie.
+
+Suites wrap the properties with hypothesis (:func:`scenarios` is the strategy); ``harness selftest``
+reuses them against deliberately broken engines.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import torch
+from hypothesis import strategies as st
+
+from harness.checks import Tolerance, compare, tolerance_for
+from harness.engine.runner import EngineRunner, random_chunk_fn
+from harness.engine.scheduler import Request
+from reference.loader import ModelConfig, expected_parameters
+
+FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
+MODES = ("none", "align", "all")
+
+# ============================================================================ tiny models
+
+def tiny_config(family: str, *, d_model: int = 16, n_layer: int = 2, vocab: int = 60, d_state: int | None = None,
+                d_conv: int = 4, chunk_size: int = 8) -> ModelConfig:
+    """A tiny model config (vocab padded to a multiple of 8, so padding rows exist)."""
+    common = dict(family=family, d_model=d_model, n_layer=n_layer, vocab_size=-(-vocab // 8) * 8,
+                  vocab_size_unpadded=vocab, pad_vocab_size_multiple=8, d_conv=d_conv, expand=2,
+                  d_inner=2 * d_model, conv_bias=True, bias=False, norm_eps=1e-5, residual_in_fp32=True,
+                  tie_embeddings=False, source="hf")
+    if family == "mamba2":
+        return ModelConfig(d_state=d_state or 8, n_groups=2, head_dim=8, num_heads=2 * d_model // 8,
+                           chunk_size=chunk_size, time_step_limit=(0.0, math.inf), mixer_norm_eps=1e-5,
+                           norm_before_gate=False, **common)
+    return ModelConfig(d_state=d_state or 4, dt_rank=4, mixer_rms_eps=1e-6 if family == "falcon_mamba" else None,
+                       chunk_size=chunk_size, **common)
+
+
+def random_params(cfg: ModelConfig, seed: int) -> dict:
+    """Realistic random weights (negative A, dt after softplus in [0.01, 0.5], unit-scale activations,
+    logits spread enough that greedy ties are rare), float64 on the CPU."""
+    from reference.testing import inverse_softplus
+    g = torch.Generator().manual_seed(int(seed))
+    rn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    ru = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    p = {}
+    for name, shape in expected_parameters(cfg).items():
+        leaf = name.split(".mixer.")[-1]
+        fan_in = shape[-1] if len(shape) > 1 else 1
+        if name == "embedding.weight":
+            t = rn(*shape)
+        elif name == "lm_head.weight":
+            t = rn(*shape) * 3 / math.sqrt(cfg.d_model)
+        elif name.endswith("norm.weight") or name == "norm_f.weight":
+            t = 1 + 0.1 * rn(*shape)
+        elif leaf == "conv1d.weight":
+            t = rn(*shape) * 0.5
+        elif leaf in ("conv1d.bias", "in_proj.bias", "out_proj.bias"):
+            t = rn(*shape) * 0.1
+        elif leaf == "A_log":
+            t = torch.log(1 + ru(*shape) * (cfg.d_state if len(shape) == 2 else 8))
+        elif leaf == "D":
+            t = 1 + 0.1 * rn(*shape)
+        elif leaf in ("dt_proj.bias", "dt_bias"):
+            dt = torch.exp(ru(*shape) * (math.log(0.5) - math.log(0.01)) + math.log(0.01))
+            t = inverse_softplus(dt)
+        else:  # projections
+            t = rn(*shape) / math.sqrt(fan_in)
+        p[name] = t
+    return p
+
+
+@lru_cache(maxsize=16)
+def tiny_model(family: str, seed: int) -> tuple:
+    cfg = tiny_config(family)
+    return cfg, random_params(cfg, seed)
+
+
+@lru_cache(maxsize=16)
+def reference_model(family: str, seed: int):
+    from reference.models import ReferenceLM
+    cfg, params = tiny_model(family, seed)
+    return ReferenceLM(cfg, params, dtype=torch.float64)
+
+
+_REF_CACHE: dict = {}
+
+
+def reference_run(family: str, seed: int, tokens: tuple):
+    """Float64 oracle over one request's whole token stream: (logits (L, V), per-layer conv, ssm states)."""
+    key = (family, seed, tokens)
+    if key not in _REF_CACHE:
+        if len(_REF_CACHE) > 4096:
+            _REF_CACHE.clear()
+        ref = reference_model(family, seed)
+        logits, state = ref.prefill([list(tokens)])
+        _REF_CACHE[key] = (logits[0], [c[0] for c in state.conv], [s[0] for s in state.ssm])
+    return _REF_CACHE[key]
+
+
+# ============================================================================ scenarios
+
+@dataclass(frozen=True)
+class Scenario:
+    family: str
+    model_seed: int
+    prompts: tuple
+    max_new: tuple
+    track: tuple
+    waves: tuple
+    token_budget: int
+    block_size: int = 8
+    cache_mode: str = "all"
+    chunk_seed: int | None = None
+    num_slots: int = 4
+    layout: str = "layer_major"
+    decode_pad: int = 1
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(requests, prompt tokens)."""
+        return len(self.prompts), sum(len(p) for p in self.prompts)
+
+    def requests(self, indices=None) -> list[Request]:
+        idx = range(len(self.prompts)) if indices is None else indices
+        return [Request(i, self.prompts[i], self.max_new[i], self.track[i]) for i in idx]
+
+    def runner_kwargs(self, **over) -> dict:
+        kw = dict(num_slots=self.num_slots, token_budget=self.token_budget, cache_mode=self.cache_mode,
+                  block_size=self.block_size, layout=self.layout, decode_pad_multiple=self.decode_pad,
+                  chunk_fn=None if self.chunk_seed is None else random_chunk_fn(self.chunk_seed))
+        kw.update(over)
+        return kw
+
+    def __str__(self) -> str:
+        f = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__dataclass_fields__)
+        return f"Scenario({f})"
+
+
+def _tokens(seed: int, n: int, vocab: int = 60) -> tuple:
+    rng = random.Random(seed)
+    return tuple(rng.randrange(vocab) for _ in range(n))
+
+
+@st.composite
+def scenarios(draw, families=FAMILIES, modes=MODES, min_requests: int = 1, max_requests: int = 6,
+              max_prompt: int = 40, max_new: int = 4, max_waves: int = 2, budgets=(1, 64),
+              block_sizes=(8, 16), layouts=("layer_major", "page_major"), pads=(1, 4), max_slots: int = 6,
+              chunked=None, seeds=(0, 3), min_base: int = 0):
+    """Request sets on tiny models: shared prefixes, tracked/untracked, waves, budgets, chunking."""
+    family = draw(st.sampled_from(families))
+    n = draw(st.integers(min_requests, max_requests))
+    # token values come from seeded PRNGs so that lengths (not values) carry the distribution: long
+    # shared prefixes (>= a block) are common, and shrinking shortens prompts rather than zeroing tokens
+    base_len = draw(st.integers(min(min_base, max_prompt), max_prompt))
+    base = _tokens(draw(st.integers(0, 1 << 16)), base_len)
+    prompts = []
+    for _ in range(n):
+        share = draw(st.one_of(st.just(base_len), st.integers(0, base_len)))
+        own_len = draw(st.integers(0 if share else 1, max(1, min(12, max_prompt - share))))
+        prompts.append(tuple(base[:share]) + _tokens(draw(st.integers(0, 1 << 16)), own_len))
+    news = tuple(draw(st.integers(1, max_new)) for _ in range(n))
+    track = tuple(draw(st.booleans()) for _ in range(n))
+    nw = draw(st.integers(1, min(max_waves, n)))
+    cuts = sorted(draw(st.lists(st.integers(1, max(1, n - 1)), min_size=nw - 1, max_size=nw - 1, unique=True))) \
+        if n > 1 else []
+    bounds = [0] + cuts + [n]
+    waves = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a)
+    use_chunks = draw(st.booleans()) if chunked is None else chunked
+    return Scenario(
+        family=family, model_seed=draw(st.integers(*seeds)), prompts=tuple(prompts), max_new=news, track=track,
+        waves=waves, token_budget=draw(st.integers(*budgets)), block_size=draw(st.sampled_from(block_sizes)),
+        cache_mode=draw(st.sampled_from(modes)),
+        chunk_seed=draw(st.integers(0, 1000)) if use_chunks else None,
+        num_slots=draw(st.integers(1, max_slots)), layout=draw(st.sampled_from(layouts)),
+        decode_pad=draw(st.sampled_from(pads)))
+
+
+# ============================================================================ runner factory
+
+@dataclass
+class RunnerFactory:
+    """Builds EngineRunners for one implementation / dtype / device. ``tol_scale`` widens the dtype's
+    tolerance for model-level comparisons (errors accumulate over layers and tokens)."""
+    impl: object
+    dtype: torch.dtype = torch.float64
+    device: str = "cpu"
+    tol_scale: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.impl, str):
+            from harness.impls import registry
+            self.impl = registry.get(self.impl)
+        if self.tol_scale is None:
+            self.tol_scale = 1.0 if self.dtype == torch.float64 else 4.0
+
+    def __call__(self, model, **kw) -> EngineRunner:
+        return EngineRunner(model, self.impl, dtype=self.dtype, device=self.device, **{**self.extra, **kw})
+
+    @property
+    def tol(self) -> Tolerance:
+        return tolerance_for(self.dtype, self.tol_scale)
+
+    @property
+    def state_tol(self) -> Tolerance:
+        return tolerance_for(self.dtype, self.tol_scale)
+
+
+# ============================================================================ comparison helpers
+
+class Mismatch(AssertionError):
+    pass
+
+
+def _close(name, actual, expected, tol, where: str, check=None, make_runner=None):
+    if check is not None:
+        impl = getattr(getattr(make_runner, "impl", None), "name", "?")
+        check.close(name, actual, expected, op="engine", impl=impl, dtype=getattr(make_runner, "dtype", None),
+                    tol=tol, context=where)
+        return
+    c = compare(name, actual, expected, tol)
+    if not c.passed:
+        raise Mismatch(c.message(where))
+
+
+def _tie_tol(logits: torch.Tensor, tol: Tolerance) -> float:
+    return 2 * (tol.atol + tol.rtol * float(logits.abs().max()))
+
+
+def check_tokens(label, tokens, ref_logits, vocab: int, tol: Tolerance, where: str):
+    """Engine tokens vs the oracle's argmax at each step (oracle teacher-forced on the engine's stream)."""
+    for k, t in enumerate(tokens):
+        lg = ref_logits[k, :vocab]
+        best = int(lg.argmax())
+        if t != best:
+            margin = float(lg[best] - lg[t])
+            if margin > _tie_tol(lg, tol):
+                raise Mismatch(f"{label}: greedy token {k} is {t}, oracle chooses {best} with a clear margin "
+                               f"{margin:.3e} (> tie tolerance {_tie_tol(lg, tol):.3e}); {where}")
+
+
+def _state_tensors(snap, n_layer):
+    return [snap[f"conv.{i}"] for i in range(n_layer)], [snap[f"recurrent.{i}"] for i in range(n_layer)]
+
+
+def check_state(label, snap, ref_conv, ref_ssm, tol, where, check=None, make_runner=None):
+    conv, rec = _state_tensors(snap, len(ref_conv))
+    for i in range(len(ref_conv)):
+        _close(f"{label} conv state layer {i}", conv[i], ref_conv[i], tol, where, check, make_runner)
+        _close(f"{label} ssm state layer {i}", rec[i], ref_ssm[i], tol, where, check, make_runner)
+
+
+def check_against_reference(case: Scenario, results: dict, make_runner, *, snapshot_log=(), every_step=False,
+                            check=None, label="engine"):
+    """Each request's logits, tokens, final state (and every snapshot / every recorded step state)
+    equal the float64 oracle run on that request alone."""
+    cfg = tiny_model(case.family, case.model_seed)[0]
+    tol = make_runner.tol
+    for rid, res in results.items():
+        where = f"request {rid!r} (prompt {len(res.prompt)} tokens, seeded {res.num_cached}, steps {res.steps}); " \
+                f"case: {case}"
+        P = len(res.prompt)
+        fed = res.fed_tokens
+        logits, conv, ssm = reference_run(case.family, case.model_seed, fed)
+        ref_step = logits[P - 1:]
+        n = len(res.tokens)
+        if res.step_logits.shape[0] != n or ref_step.shape[0] != n:
+            raise Mismatch(f"{label}: request {rid!r} has {res.step_logits.shape[0]} step logits for {n} tokens; "
+                           f"{where}")
+        check_tokens(f"{label} request {rid!r}", res.tokens, ref_step, cfg.vocab_size_unpadded, tol, where)
+        _close(f"{label} request {rid!r} step logits", res.step_logits[:, :cfg.vocab_size_unpadded],
+               ref_step[:, :cfg.vocab_size_unpadded], tol, where, check, make_runner)
+        if res.final_state is None:
+            raise Mismatch(f"{label}: request {rid!r} has no final state; {where}")
+        check_state(f"{label} request {rid!r} final", res.final_state, conv, ssm, make_runner.state_tol, where,
+                    check, make_runner)
+        if every_step:
+            for pos, snap in sorted(res.states.items()):
+                _, c, s = reference_run(case.family, case.model_seed, fed[:pos])
+                check_state(f"{label} request {rid!r} state after {pos} tokens", snap, c, s, make_runner.state_tol,
+                            where, check, make_runner)
+    for rid, prefix, snap in snapshot_log:
+        _, c, s = reference_run(case.family, case.model_seed, tuple(prefix))
+        check_state(f"{label} prefix-cache snapshot of request {rid!r} at {len(prefix)} tokens", snap, c, s,
+                    make_runner.state_tol, f"case: {case}", check, make_runner)
+
+
+def check_same_results(a: dict, b: dict, case: Scenario, make_runner, what: str, ids=None):
+    """Two engine runs agree per request: tokens (tie-aware w.r.t. the oracle) and step logits."""
+    cfg = tiny_model(case.family, case.model_seed)[0]
+    tol = make_runner.tol
+    for rid in (ids if ids is not None else a):
+        ra, rb = a[rid], b[rid]
+        where = f"{what}; request {rid!r}; case: {case}"
+        if ra.tokens != rb.tokens:
+            # allowed only where the oracle (on the first run's stream) has a tie at the first difference
+            k = next(i for i, (x, y) in enumerate(zip(ra.tokens, rb.tokens)) if x != y)
+            logits, _, _ = reference_run(case.family, case.model_seed, ra.fed_tokens)
+            lg = logits[len(ra.prompt) - 1 + k, :cfg.vocab_size_unpadded]
+            margin = abs(float(lg[ra.tokens[k]] - lg[rb.tokens[k]]))
+            if margin > _tie_tol(lg, tol):
+                raise Mismatch(f"{what}: request {rid!r} tokens differ at step {k}: {ra.tokens} vs {rb.tokens} "
+                               f"(oracle margin {margin:.3e}, not a tie); {where}")
+            n = k + 1
+        else:
+            n = len(ra.tokens)
+        _close(f"{what}: request {rid!r} step logits", rb.step_logits[:n, :cfg.vocab_size_unpadded],
+               ra.step_logits[:n, :cfg.vocab_size_unpadded], tol, where)
+
+
+def run_case(case: Scenario, make_runner, *, waves=None, order=None, **over):
+    """Run the scenario's waves on one runner; returns (results by request id, runner)."""
+    model = tiny_model(case.family, case.model_seed)
+    runner = make_runner(model, **case.runner_kwargs(**over))
+    results = {}
+    for wave in (waves if waves is not None else case.waves):
+        idx = list(wave) if order is None else [i for i in order if i in wave]
+        if idx:
+            results.update(runner.run(case.requests(idx)))
+    return results, runner
+
+
+# ============================================================================ properties
+
+def prop_matches_reference(case: Scenario, make_runner, check=None):
+    """Every request of the scenario (its waves, chunks, cache, padding) equals the float64 oracle run
+    on that request alone: step logits, tie-aware tokens, final state, and every prefix-cache snapshot."""
+    results, runner = run_case(case, make_runner)
+    check_against_reference(case, results, make_runner, snapshot_log=runner.snapshot_log, check=check)
+
+
+def prop_split_invariance(case: Scenario, make_runner, check=None):
+    """Prefill/decode split and chunked prefill with boundaries anywhere (incl. chunks shorter than the
+    conv width, single requests): the state after EVERY step, the logits and tokens equal the oracle's
+    whole-prompt computation, and the same engine with whole prefills (one chunk per prompt)."""
+    chunked = case if case.chunk_seed is not None else replace(case, chunk_seed=0)
+    res_c, runner = run_case(chunked, make_runner, record_states=True)
+    check_against_reference(chunked, res_c, make_runner, snapshot_log=runner.snapshot_log, every_step=True,
+                            check=check, label="chunked")
+    whole = replace(case, chunk_seed=None, token_budget=max(case.token_budget,
+                                                            max(len(p) for p in case.prompts) * len(case.prompts)))
+    res_w, _ = run_case(whole, make_runner)
+    check_same_results(res_w, res_c, case, make_runner, "chunked prefill vs whole prefill")
+
+
+def prop_seeding_equivalence(case: Scenario, make_runner, check=None):
+    """Requests seeded from prefix-cache snapshots (earlier waves fill the cache; batches mix seeded,
+    unseeded, tracked and untracked requests) equal computing from scratch: the oracle, and the same
+    engine with cache mode none. Every snapshot equals the oracle state at its position."""
+    results, runner = run_case(case, make_runner)
+    check_against_reference(case, results, make_runner, snapshot_log=runner.snapshot_log, check=check,
+                            label=f"cache mode {case.cache_mode}")
+    scratch, _ = run_case(replace(case, cache_mode="none"), make_runner)
+    check_same_results(scratch, results, case, make_runner, f"seeded (mode {case.cache_mode}) vs from scratch")
+
+
+def prop_batch_invariance(case: Scenario, make_runner, check=None):
+    """A request's results do not depend on the other requests of its batch: all requests packed in one
+    wave == each request alone == the requests in reverse order == with every other request removed."""
+    n = len(case.prompts)
+    one = (tuple(range(n)),)
+    packed, _ = run_case(case, make_runner, waves=one)
+    check_against_reference(case, packed, make_runner, check=check, label="packed")
+    for i in range(n):
+        alone, _ = run_case(case, make_runner, waves=((i,),))
+        check_same_results(packed, alone, case, make_runner, f"packed vs request {i} alone", ids=[i])
+    if n > 1:
+        rev, _ = run_case(case, make_runner, waves=one, order=list(reversed(range(n))))
+        check_same_results(packed, rev, case, make_runner, "packed vs reversed order")
+        keep = list(range(0, n, 2))
+        sub, _ = run_case(case, make_runner, waves=(tuple(keep),))
+        check_same_results(packed, sub, case, make_runner, "packed vs every other request removed", ids=keep)
+
+
+def prop_determinism(case: Scenario, make_runner, check=None):
+    """The same scenario twice on fresh runners gives bitwise-equal tokens, step logits and final states
+    (only asserted for implementations that claim determinism; returns False when not applicable)."""
+    from harness.checks import assert_bitwise_equal
+    if not getattr(make_runner.impl, "deterministic", False):
+        return False
+    a, _ = run_case(case, make_runner)
+    b, _ = run_case(case, make_runner)
+    for rid in a:
+        where = f"request {rid!r}; case: {case}"
+        if a[rid].tokens != b[rid].tokens:
+            raise Mismatch(f"determinism: request {rid!r} tokens {a[rid].tokens} vs {b[rid].tokens}; {where}")
+        assert_bitwise_equal(f"determinism: request {rid!r} step logits", b[rid].step_logits, a[rid].step_logits,
+                             where)
+        for k in a[rid].final_state:
+            assert_bitwise_equal(f"determinism: request {rid!r} final {k}", b[rid].final_state[k],
+                                 a[rid].final_state[k], where)
+    return True
+
+
+PROPERTIES = {
+    "matches_reference": prop_matches_reference,
+    "split_invariance": prop_split_invariance,
+    "seeding": prop_seeding_equivalence,
+    "batch_invariance": prop_batch_invariance,
+    "determinism": prop_determinism,
+}
+
+
+# ============================================================================ suites' helpers
+
+ENGINE_OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "selective_scan_varlen", "selective_state_update",
+              "ssd_varlen", "gated_rms_norm")
+
+
+def engine_impl(impl):
+    """`impl` completed for the engine: ops it lacks come from the `torch` implementation (the result is
+    named e.g. "mamba_ssm+torch"); an implementation providing none of the engine's ops is returned as is."""
+    from harness.impls import registry
+    from harness.impls.registry import Impl
+    missing = [o for o in ENGINE_OPS if o not in impl.ops]
+    if not missing or len(missing) == len(ENGINE_OPS):
+        return impl
+    fill = registry.get("torch")
+    ops = dict(impl.ops)
+    ops.update({o: fill.ops[o] for o in missing if o in fill.ops})
+    return Impl(name=f"{impl.name}+torch", ops=ops, devices=impl.devices, dtypes=impl.dtypes,
+                deterministic=impl.deterministic and fill.deterministic, description=f"{impl.name}, rest from torch")
+
+
+def factory_for(impl, device: str, dtype: torch.dtype | None = None) -> RunnerFactory:
+    """The runner factory the scenario suites use for `impl` on `device`: float64 on the CPU where the
+    implementation supports it (tight tolerances), else float32."""
+    impl = engine_impl(impl)
+    if dtype is None:
+        dtype = torch.float64 if device.startswith("cpu") and torch.float64 in impl.dtypes else torch.float32
+    return RunnerFactory(impl, dtype=dtype, device=device)
+
+
+def skip_reason(impl, device: str) -> str | None:
+    """Why the scenario suites don't run `impl` here (None: they do)."""
+    missing = [o for o in ENGINE_OPS if o not in engine_impl(impl).ops]
+    if missing:
+        return f"implementation {impl.name!r} lacks the engine ops {missing}"
+    if impl.name == "triton" and device.startswith("cpu"):
+        return ("Triton under the CPU interpreter takes 5-100 s per scenario: scenario suites run it on GPU; "
+                "test_scen_backend.py runs one small CPU smoke scenario")
+    return None

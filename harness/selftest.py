@@ -1,0 +1,521 @@
+"""`harness selftest`: proof that the scenario properties catch the real serving bugs of BUG_CLASSES.md.
+
+Each *variant* breaks one REAL component of the engine on purpose, through a context manager that
+patches (or wraps) it and restores it afterwards:
+
+* the metadata builder (``harness.engine.metadata.build_metadata`` / ``chunk_indices_offsets``),
+* the mixer backend (``harness.engine.backend.MixerBackend``),
+* the implementation's ops (wrappers around the ``reference`` -- or ``--impl`` -- ops that mishandle
+  pad ids, dt, groups or short conv chunks),
+* a mamba_ssm-style varlen SSD on a GLOBAL chunk grid (:func:`grid_ssd_varlen`, which takes its logical
+  chunks from ``harness.engine.metadata.chunk_indices_offsets``), correct or with bug class 4.
+
+For each variant, ``hypothesis.find`` searches scenario request sets (harness.scenarios.scenarios) for
+one on which a scenario property fails, and shrinks it to a minimal request set. The catch is then
+confirmed: the minimal case must FAIL with the variant and PASS with the unbroken engine (the
+control), and every property is run on it to list which ones catch it. A variant escapes when no
+failing case is found within its example/time budget, or when its control fails.
+
+Exit code 1 if any variant escapes.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+import traceback
+from bisect import bisect_right
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from harness import ops as C_
+from harness.engine import backend as backend_mod
+from harness.engine import metadata as metadata_mod
+from harness.impls.registry import Impl
+from harness.scenarios import PROPERTIES, RunnerFactory, Scenario, scenarios
+
+# ============================================================================ patch helpers
+
+
+@contextlib.contextmanager
+def patched(obj, name: str, new):
+    """Replace ``obj.name`` by `new` for the duration (restored even on error)."""
+    old = getattr(obj, name)
+    setattr(obj, name, new)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+OP_ARGS = {
+    "causal_conv1d_varlen": ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices",
+                             "has_initial_state"),
+    "causal_conv1d_update": ("x", "conv_states", "weight", "bias", "conv_state_indices"),
+    "selective_scan_varlen": ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "ssm_states", "query_start_loc",
+                              "cache_indices", "has_initial_state"),
+    "selective_state_update": ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices"),
+    "ssd_varlen": ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "ssm_states", "query_start_loc",
+                   "cache_indices", "has_initial_state"),
+    "gated_rms_norm": ("x", "weight", "z"),
+}
+POOL_ARG = {"causal_conv1d_varlen": "conv_states", "causal_conv1d_update": "conv_states",
+            "selective_scan_varlen": "ssm_states", "selective_state_update": "state", "ssd_varlen": "ssm_states"}
+INDEX_ARG = {"causal_conv1d_varlen": "cache_indices", "causal_conv1d_update": "conv_state_indices",
+             "selective_scan_varlen": "cache_indices", "selective_state_update": "state_batch_indices",
+             "ssd_varlen": "cache_indices"}
+
+
+def wrap_op(op_name: str, fn: Callable, before: Callable | None = None, after: Callable | None = None) -> Callable:
+    """An op that calls `fn` with its arguments rewritten by ``before(args: dict) -> dict`` and then runs
+    ``after(args, result)`` (both optional). Positional args are named by OP_ARGS."""
+    names = OP_ARGS[op_name]
+
+    def op(*args, **kwargs):
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        if before is not None:
+            a = before(a)
+        pos = [a.pop(n) for n in names]
+        y = fn(*pos, **a)
+        if after is not None:
+            after(dict(zip(names, pos)), y)
+        return y
+    op.__name__ = f"broken_{op_name}"
+    return op
+
+
+def with_ops(impl: Impl, name: str, **ops) -> Impl:
+    return Impl(name=name, ops={**impl.ops, **ops}, devices=impl.devices, dtypes=impl.dtypes,
+                deterministic=impl.deterministic, description=f"{impl.name} with {sorted(ops)} replaced")
+
+
+# ============================================================================ a global-grid varlen SSD
+
+def grid_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+                    has_initial_state, *, dt_softplus=True, dt_limit=(0.0, math.inf), pad_slot_id=C_.PAD_SLOT_ID,
+                    out=None, _bug_cumsum_at_chunk_start=False):
+    """``ssd_varlen`` the mamba_ssm way: the packed stream is cut into a GLOBAL grid of `chunk_size`
+    tokens; logical chunks (a sequence's run inside one global chunk) come from
+    ``harness.engine.metadata.chunk_indices_offsets``; the cumulative dA is taken per global chunk and,
+    for a logical chunk that starts mid-chunk (a sequence start), measured from that start.
+    With ``_bug_cumsum_at_chunk_start`` it is measured from the global chunk start instead (bug class 4).
+    Plain loops over logical chunks: for small selftest shapes."""
+    T, H, P, N, G, S = C_.validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states,
+                                              query_start_loc, cache_indices, has_initial_state, dt_limit,
+                                              pad_slot_id, out)
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    q = [int(v) for v in query_start_loc.tolist()]
+    idx = [int(v) for v in cache_indices.tolist()]
+    hinit = [bool(v) for v in has_initial_state.tolist()]
+    d = dt.to(cd) + (dt_bias.to(cd) if dt_bias is not None else 0)
+    if dt_softplus:
+        d = F.softplus(d)
+    d = d.clamp(min=float(dt_limit[0]), max=float(dt_limit[1]))
+    dA = d * A.to(cd)
+    hpg = H // G
+    xs = x.to(cd)
+    Bh = B.to(cd).repeat_interleave(hpg, dim=1)
+    Ch = C.to(cd).repeat_interleave(hpg, dim=1)
+    cs = chunk_size
+    cum = torch.zeros_like(dA)
+    for g in range(math.ceil(T / cs)):
+        cum[g * cs:(g + 1) * cs] = dA[g * cs:(g + 1) * cs].cumsum(0)
+    ci, co = metadata_mod.chunk_indices_offsets(q, cs)
+    starts = [i * cs + o for i, o in zip(ci, co)]
+    h = {}
+    for s in range(S):
+        if idx[s] != pad_slot_id and hinit[s]:
+            h[s] = ssm_states[idx[s]].to(cd).clone()
+        else:
+            h[s] = torch.zeros((H, P, N), dtype=cd, device=x.device)
+    y = torch.full((T, H, P), float("nan"), dtype=cd, device=x.device)
+    for j, a in enumerate(starts):
+        g = ci[j]
+        b = starts[j + 1] if j + 1 < len(starts) and ci[j + 1] == g else min((g + 1) * cs, T)
+        if a >= b or a >= T:
+            continue
+        s = bisect_right(q, a) - 1
+        b = min(b, q[s + 1])
+        base = cum[a - 1] if (a > g * cs and not _bug_cumsum_at_chunk_start) else torch.zeros_like(cum[0])
+        c = cum[a:b] - base  # (L, H)
+        L = b - a
+        mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))
+        seg = c[:, None, :] - c[None, :, :]
+        decay = torch.exp(torch.where(mask[..., None], seg, torch.full_like(seg, -math.inf)))
+        cb = torch.einsum("ihn,jhn->ijh", Ch[a:b], Bh[a:b])
+        yj = torch.einsum("ijh,jh,jhp->ihp", cb * decay, d[a:b], xs[a:b])
+        yj = yj + torch.exp(c)[:, :, None] * torch.einsum("ihn,hpn->ihp", Ch[a:b], h[s])
+        h[s] = torch.exp(c[-1])[:, None, None] * h[s] + torch.einsum(
+            "jh,jhp,jhn->hpn", torch.exp(c[-1][None] - c) * d[a:b], xs[a:b], Bh[a:b])
+        y[a:b] = yj
+    if D is not None:
+        Dd = D.to(cd)
+        y = y + (Dd[:, None] if Dd.dim() == 1 else Dd) * xs
+    if z is not None:
+        y = y * F.silu(z.to(cd))
+    for s in range(S):
+        if idx[s] != pad_slot_id:
+            ssm_states[idx[s]] = h[s].to(ssm_states.dtype)
+    if out is None:
+        return y.to(x.dtype)
+    out.copy_(y)
+    return out
+
+
+# ============================================================================ variants
+
+@dataclass
+class Variant:
+    """A deliberately broken engine: `patch()` is a context manager that breaks a real component;
+    `impl(base)` gives the implementation the engine runs (default: `base`, possibly wrapped);
+    `control(base)` the unbroken implementation the catch is confirmed against."""
+    name: str
+    bug_class: str
+    description: str
+    patch: Callable = contextlib.nullcontext
+    impl: Callable = lambda base: base
+    control: Callable = lambda base: base
+    strategy: dict = field(default_factory=dict)
+
+
+def _meta_patch(transform):
+    orig = metadata_mod.build_metadata
+
+    def broken(*a, **k):
+        return transform(orig(*a, **k))
+    return patched(metadata_mod, "build_metadata", broken)
+
+
+def _seeding_gate():
+    return _meta_patch(lambda md: replace(md, has_initial_states=md.has_initial_states & md.track_mask))
+
+
+def _bs1_drop():
+    def t(md):
+        if md.num_reqs == 1:
+            return replace(md, has_initial_states=torch.zeros_like(md.has_initial_states))
+        return md
+    return _meta_patch(t)
+
+
+def _two_values():
+    orig = backend_mod.MixerBackend.forward
+
+    def forward(self, hidden, md, conv_states, ssm_states):
+        out, conv, ssm = orig(self, hidden, md, conv_states, ssm_states)
+        return out, ssm  # a mixer that returns 2 values
+    return patched(backend_mod.MixerBackend, "forward", forward)
+
+
+def _per_request_grid():
+    def chunk_indices_offsets(cu_seqlens, chunk_size):
+        cu = [int(c) for c in cu_seqlens]
+        idx, off, g = [], [], 0
+        for s in range(len(cu) - 1):
+            for _ in range(math.ceil((cu[s + 1] - cu[s]) / chunk_size)):
+                idx.append(g)
+                off.append(0)
+                g += 1
+        return idx, off
+    return patched(metadata_mod, "chunk_indices_offsets", chunk_indices_offsets)
+
+
+def _falcon_norm(kind):
+    def norm(self, t, ones):
+        if kind == "missing":
+            return t
+        return self.ops["gated_rms_norm"](t.contiguous(), ones, None, eps=float(self.cfg.norm_eps))  # wrong eps
+    return patched(backend_mod.MixerBackend, "falcon_norm", norm)
+
+
+def _pad_wrap(base: Impl) -> Impl:
+    """Every op maps pad ids (-1) to the pool's last slot, as Python/C negative indexing does."""
+    ops = {}
+    for name, arg in INDEX_ARG.items():
+        if name not in base.ops:
+            continue
+
+        def before(a, arg=arg, name=name):
+            pool = a[POOL_ARG[name]]
+            idx = a[arg]
+            a[arg] = torch.where(idx == C_.PAD_SLOT_ID, torch.full_like(idx, pool.shape[0] - 1), idx)
+            return a
+        ops[name] = wrap_op(name, base.ops[name], before)
+    return with_ops(base, f"{base.name}[pad->last slot]", **ops)
+
+
+def _dt_decode(base: Impl, kind: str) -> Impl:
+    def before(a):
+        if a["dt_bias"] is None:
+            return a
+        if kind == "bias_twice":
+            a["dt"] = a["dt"] + a["dt_bias"].to(a["dt"].dtype)
+        else:  # softplus twice: pre-apply bias + softplus, the op applies softplus again
+            a["dt"] = F.softplus(a["dt"] + a["dt_bias"].to(a["dt"].dtype))
+            a["dt_bias"] = None
+        return a
+    return with_ops(base, f"{base.name}[decode dt {kind}]",
+                    selective_state_update=wrap_op("selective_state_update", base.ops["selective_state_update"], before))
+
+
+def _groups_repeat(base: Impl) -> Impl:
+    """Mamba-2 groups mapped to heads with `repeat` (head h -> group h % G) instead of repeat_interleave."""
+    def before(a):
+        heads = a["x"].shape[1] if a["x"].dim() == 3 else None
+        if heads is None or a["B"].shape[1] == heads:
+            return a
+        r = heads // a["B"].shape[1]
+        a["B"] = a["B"].repeat(1, r, 1).contiguous()
+        a["C"] = a["C"].repeat(1, r, 1).contiguous()
+        return a
+    return with_ops(base, f"{base.name}[groups repeat]",
+                    ssd_varlen=wrap_op("ssd_varlen", base.ops["ssd_varlen"], before),
+                    selective_state_update=wrap_op("selective_state_update", base.ops["selective_state_update"],
+                                                   before))
+
+
+def _conv_short_chunks(base: Impl) -> Impl:
+    """A prefill chunk shorter than K-1 writes its window as if the initial state were zeros."""
+    def after(a, y):
+        K1 = a["weight"].shape[1] - 1
+        q = a["query_start_loc"].tolist()
+        for s, slot in enumerate(a["cache_indices"].tolist()):
+            n = q[s + 1] - q[s]
+            if slot == C_.PAD_SLOT_ID or n >= K1 or not bool(a["has_initial_state"][s]):
+                continue
+            xs = a["x"][q[s]:q[s + 1]].t().to(a["conv_states"].dtype)
+            win = torch.cat([torch.zeros(xs.shape[0], K1 - n, dtype=xs.dtype, device=xs.device), xs], dim=1)
+            a["conv_states"][slot] = win
+    return with_ops(base, f"{base.name}[conv short chunks]",
+                    causal_conv1d_varlen=wrap_op("causal_conv1d_varlen", base.ops["causal_conv1d_varlen"],
+                                                 after=after))
+
+
+def _grid(base: Impl, bug: bool) -> Impl:
+    fn = grid_ssd_varlen if not bug else (lambda *a, **k: grid_ssd_varlen(*a, **k, _bug_cumsum_at_chunk_start=True))
+    return with_ops(base, f"{base.name}+grid_ssd" + ("[cumsum at chunk start]" if bug else ""), ssd_varlen=fn)
+
+
+M2 = dict(families=("mamba2",))
+VARIANTS = [
+    Variant("seeding_gate", "1", "has_initial_states ANDed with the track mask in build_metadata",
+            patch=_seeding_gate),
+    Variant("two_return_values", "2", "the mixer backend returns 2 values; the runner unpacks 3",
+            patch=_two_values),
+    Variant("bs1_state_dropped", "3", "has_initial_states cleared when the step has a single request",
+            patch=_bs1_drop),
+    Variant("ssd_cumsum_chunk_start", "4", "global-grid varlen SSD reads cumulative dA at the chunk start "
+            "instead of the sequence start", impl=lambda b: _grid(b, True), control=lambda b: _grid(b, False),
+            strategy=M2),
+    Variant("chunk_grid_per_request", "5", "chunk_indices/offsets computed as if every request had its own "
+            "chunk grid (consumed by the global-grid SSD)", patch=_per_request_grid,
+            impl=lambda b: _grid(b, False), control=lambda b: _grid(b, False), strategy=M2),
+    Variant("groups_repeat", "7", "Mamba-2 groups broadcast with repeat instead of repeat_interleave",
+            impl=_groups_repeat, strategy=M2),
+    Variant("conv_short_chunk", "8", "a prefill chunk shorter than K-1 writes the conv window from zeros",
+            impl=_conv_short_chunks),
+    Variant("pad_wraps_to_last_slot", "9", "pad ids (-1) index the last slot (read and written)",
+            impl=_pad_wrap, strategy=dict(pads=(4,))),
+    Variant("dt_bias_twice", "10", "decode adds dt_bias twice", impl=lambda b: _dt_decode(b, "bias_twice")),
+    Variant("dt_softplus_twice", "10", "decode applies softplus twice", impl=lambda b: _dt_decode(b, "softplus")),
+    Variant("falcon_norms_missing", "11", "Falcon-Mamba B/C/dt RMSNorm missing",
+            patch=lambda: _falcon_norm("missing"), strategy=dict(families=("falcon_mamba",))),
+    Variant("falcon_norms_wrong_eps", "11", "Falcon-Mamba B/C/dt RMSNorm with the layer norm's eps (1e-5) "
+            "instead of mixer_rms_eps (1e-6)", patch=lambda: _falcon_norm("eps"),
+            strategy=dict(families=("falcon_mamba",))),
+]
+
+# ============================================================================ running
+
+SELFTEST_PROPERTIES = ("matches_reference", "split_invariance", "seeding", "batch_invariance")
+STRATEGY = dict(max_requests=3, max_prompt=16, max_new=3, budgets=(1, 24), max_slots=3)
+
+
+@dataclass
+class Outcome:
+    variant: Variant
+    caught: bool
+    properties: list
+    case: Scenario | None
+    control_ok: bool | None
+    seconds: float
+    examples: int
+    error: str = ""
+    impl_name: str = "reference"
+
+    @property
+    def size(self) -> tuple:
+        return self.case.size if self.case is not None else (0, 0)
+
+
+def _fails(props, case, factory) -> list:
+    """Names of the properties in `props` that fail on `case` (any exception counts: a crash is a catch)."""
+    bad = []
+    for name in props:
+        try:
+            PROPERTIES[name](case, factory)
+        except Exception as e:  # noqa: BLE001 - assertion or crash, both are catches
+            bad.append((name, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
+    return bad
+
+
+def run_variant(v: Variant, base: Impl, *, max_examples: int = 30, seconds: float = 8.0, device: str = "cpu",
+                dtype=torch.float64, seed: int | None = 0) -> Outcome:
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample
+    t0 = time.time()
+    broken = RunnerFactory(v.impl(base), dtype=dtype, device=device)
+    control = RunnerFactory(v.control(base), dtype=dtype, device=device)
+    memo: dict = {}
+    deadline = t0 + seconds
+
+    catching: list = []  # once a property has caught the variant, shrinking only re-runs that one
+
+    def condition(case):
+        key = str(case)
+        if key not in memo:
+            if time.time() > deadline and any(memo.values()):
+                memo[key] = False  # budget spent: stop shrinking, keep the smallest catch so far
+            else:
+                memo[key] = False
+                with v.patch():
+                    for p in (catching or SELFTEST_PROPERTIES):
+                        if _fails((p,), case, broken):
+                            memo[key] = True
+                            if not catching:
+                                catching.append(p)
+                            break
+        return memo[key]
+
+    strat = scenarios(**{**STRATEGY, **v.strategy})
+    try:
+        case = find(strat, condition, settings=settings(
+            max_examples=max_examples, database=None, deadline=None, phases=[Phase.generate, Phase.shrink],
+            suppress_health_check=list(HealthCheck)), random=None if seed is None else random.Random(seed))
+    except NoSuchExample:
+        return Outcome(v, False, [], None, None, time.time() - t0, len(memo), "no failing scenario found")
+    except Exception as e:  # noqa: BLE001
+        return Outcome(v, False, [], None, None, time.time() - t0, len(memo), traceback.format_exc(limit=3))
+    with v.patch():
+        caught_by = _fails(SELFTEST_PROPERTIES, case, broken)
+    ctl = _fails(SELFTEST_PROPERTIES, case, control)
+    return Outcome(v, bool(caught_by) and not ctl, caught_by, case, not ctl, time.time() - t0, len(memo),
+                   "; ".join(f"control {n}: {m}" for n, m in ctl))
+
+
+def reproduce(variant: str, case: Scenario, prop: str = "matches_reference", impl="reference", *,
+              device: str = "cpu", dtype=torch.float64, broken: bool = True) -> None:
+    """Run property `prop` on `case` with the named variant (``broken=False``: the unbroken engine);
+    raises what the property raises."""
+    from harness.impls import registry
+    from harness.scenarios import engine_impl
+    v = {x.name: x for x in VARIANTS}.get(variant)
+    if v is None:
+        raise ValueError(f"variant: expected one of {[x.name for x in VARIANTS]}, got {variant!r}")
+    if prop not in PROPERTIES:
+        raise ValueError(f"prop: expected one of {sorted(PROPERTIES)}, got {prop!r}")
+    base = engine_impl(registry.get(impl) if isinstance(impl, str) else impl)
+    if broken:
+        with v.patch():
+            PROPERTIES[prop](case, RunnerFactory(v.impl(base), dtype=dtype, device=device))
+    else:
+        PROPERTIES[prop](case, RunnerFactory(v.control(base), dtype=dtype, device=device))
+
+
+def run_selftest(impl="reference", variants=None, *, max_examples: int = 30, seconds: float = 8.0,
+                 device: str = "cpu", dtype=torch.float64, seed: int | None = 0, echo=print) -> list[Outcome]:
+    """Run the chosen variants (names or bug classes; None = all) against `impl`; `seed` makes the
+    hypothesis search reproducible (None: random)."""
+    from harness.impls import registry
+    from harness.scenarios import engine_impl
+    base = engine_impl(registry.get(impl) if isinstance(impl, str) else impl)
+    chosen = [v for v in VARIANTS if variants is None or v.name in variants or v.bug_class in variants]
+    if variants is not None:
+        unknown = set(variants) - {v.name for v in VARIANTS} - {v.bug_class for v in VARIANTS}
+        if unknown:
+            raise ValueError(f"variant: expected names or bug classes of {[v.name for v in VARIANTS]}, "
+                             f"got {sorted(unknown)}")
+    outcomes = []
+    for v in chosen:
+        o = run_variant(v, base, max_examples=max_examples, seconds=seconds, device=device, dtype=dtype, seed=seed)
+        o.impl_name = base.name
+        outcomes.append(o)
+        if echo:
+            echo(f"  {v.name:26s} class {v.bug_class:3s} {'caught' if o.caught else 'ESCAPED'} "
+                 f"({o.seconds:.1f}s, {o.examples} examples)")
+    return outcomes
+
+
+def format_table(outcomes: list[Outcome]) -> str:
+    rows = [("variant", "class", "caught", "properties that caught it", "minimal case (requests, prompt tokens)",
+             "seconds")]
+    for o in outcomes:
+        props = ", ".join(n for n, _ in o.properties) or "-"
+        rows.append((o.variant.name, o.variant.bug_class, "yes" if o.caught else "NO", props,
+                     f"{o.size[0]} requests, {o.size[1]} tokens" if o.case else "-", f"{o.seconds:.1f}"))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    lines.insert(1, "  ".join("-" * x for x in w))
+    return "\n".join(lines)
+
+
+def format_cases(outcomes: list[Outcome]) -> str:
+    out = []
+    for o in outcomes:
+        out.append(f"[{o.variant.name}] class {o.variant.bug_class}: {o.variant.description}")
+        if o.case is not None:
+            out.append(f"  minimal case: {o.case}")
+            prop = o.properties[0][0] if o.properties else "matches_reference"
+            out.append(f"  reproduce: python -c \"from harness.selftest import reproduce; from harness.scenarios "
+                       f"import Scenario; reproduce('{o.variant.name}', {o.case}, '{prop}', impl='{o.impl_name}')\"")
+        for n, m in o.properties:
+            out.append(f"  {n}: {m}")
+        if o.error:
+            out.append(f"  note: {o.error.strip()}")
+    return "\n".join(out)
+
+
+def add_args(p):
+    p.add_argument("--impl", default="reference", help="base implementation the variants break (default reference)")
+    p.add_argument("--variant", action="append", default=None, help="run only these variants (name or bug class)")
+    p.add_argument("--max-examples", type=int, default=30, help="hypothesis examples per variant (default 30)")
+    p.add_argument("--seconds", type=float, default=8.0, help="search+shrink time budget per variant (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="hypothesis search seed (default 0; -1: random)")
+    p.add_argument("--device", default="cpu", help="device the broken engines run on (default cpu)")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="engine dtype (default float64: the tightest tolerances; float32 may let the smallest "
+                        "bugs, e.g. a wrong norm eps, pass)")
+    p.add_argument("--list", action="store_true", help="list the variants and exit")
+
+
+def main(args) -> int:
+    if args.list:
+        for v in VARIANTS:
+            print(f"{v.name:26s} class {v.bug_class:3s} {v.description}")
+        return 0
+    if args.max_examples < 1 or args.seconds <= 0:
+        raise ValueError(f"--max-examples/--seconds: expected positive values, got {args.max_examples}/{args.seconds}")
+    if args.variant:
+        unknown = set(args.variant) - {v.name for v in VARIANTS} - {v.bug_class for v in VARIANTS}
+        if unknown:
+            raise ValueError(f"--variant: expected names or bug classes of {[v.name for v in VARIANTS]}, "
+                             f"got {sorted(unknown)}")
+    device = getattr(args, "device", "cpu")
+    dtype = {"float64": torch.float64, "float32": torch.float32}[getattr(args, "dtype", "float64")]
+    print(f"harness selftest: breaking the engine on purpose ({args.impl}, {dtype}, {device})", flush=True)
+    seed = getattr(args, "seed", 0)
+    outcomes = run_selftest(args.impl, args.variant, max_examples=args.max_examples, seconds=args.seconds,
+                            seed=None if seed == -1 else seed, device=device, dtype=dtype)
+    print()
+    print(format_table(outcomes))
+    print()
+    print(format_cases(outcomes))
+    escaped = [o.variant.name for o in outcomes if not o.caught]
+    print(f"\nharness selftest: {len(outcomes) - len(escaped)}/{len(outcomes)} variants caught"
+          + (f"; ESCAPED: {escaped}" if escaped else ""))
+    return 1 if escaped else 0
