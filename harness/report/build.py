@@ -241,8 +241,9 @@ def perf_tables(runs: list[Run]) -> list[dict]:
                 if t is None:
                     row += [cell("—", "muted")] * 4
                     continue
-                if t.get("error"):
-                    row += [cell("error", "fail", str(t["error"])[:300])] + [cell("—", "muted")] * 3
+                err = t.get("error")
+                if isinstance(err, str) and err:  # pandas turns a missing error into NaN, which is truthy
+                    row += [cell("error", "fail", err[:300])] + [cell("—", "muted")] * 3
                     continue
                 row += [cell(fmt_rate(t["tok_s"])),
                         cell(f"{fmt(t['ms_p50'])} [{fmt(t['ms_p20'])}–{fmt(t['ms_p80'])}]"),

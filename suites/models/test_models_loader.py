@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import assume, given, strategies as st
+from hypothesis import example, assume, given, strategies as st
 
 from harness.loader import assemble_shards, load_weights, shard_rule
 from reference.loader import (expected_parameters, load_checkpoint, map_name, plan_names, detect_config,
@@ -55,12 +55,30 @@ def _write_hf_bin(model, folder: Path, shards: int = 1, prefix: str = "backbone.
     return folder
 
 
+def _reshard_safetensors(folder: Path, shards: int) -> None:
+    """Split a single model.safetensors into `shards` files plus the HF index, as save_pretrained would."""
+    from safetensors.torch import load_file, save_file
+    single = folder / "model.safetensors"
+    sd = load_file(str(single))
+    keys = sorted(sd)
+    wm = {}
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = keys[i::shards]
+        save_file({k: sd[k].contiguous() for k in part}, str(folder / name), metadata={"format": "pt"})
+        wm.update({k: name for k in part})
+    single.unlink()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+
+
 def _write_variant(model, d: Dims, folder: Path, variant: str) -> Path:
     folder = Path(folder)
     if variant == "hf-safetensors":
         model.save_pretrained(str(folder))
     elif variant == "hf-sharded-safetensors":
         model.save_pretrained(str(folder), max_shard_size="8KB")
+        if not (folder / "model.safetensors.index.json").is_file():
+            _reshard_safetensors(folder, shards=2)  # tiny models fit one 8KB shard: split by hand
         assert (folder / "model.safetensors.index.json").is_file()
     elif variant == "hf-bin":
         _write_hf_bin(model, folder)
@@ -107,6 +125,9 @@ def small_dims(draw):
 
 @given(d=small_dims(), variant=st.sampled_from(VARIANTS), seed=st.integers(0, 1000),
        tp=st.sampled_from([1, 2, 4]))
+# Regression (CI, 2026-11-29): a model smaller than one 8KB shard was saved unsharded.
+@example(d=Dims(family="mamba1", d_model=8, n_layer=2, vocab=30, d_state=2, d_conv=2, tie=False, bias=False,
+                conv_bias=False), variant="hf-sharded-safetensors", seed=0, tp=1)
 def test_models_loader_formats_agree(d, variant, seed, tp):
     """Property: every checkpoint format (HF safetensors single/sharded, HF .bin single/sharded,
     `model.` prefix, state-spaces .bin with padded vocab, state-spaces safetensors with unpadded vocab)
