@@ -30,6 +30,8 @@ def _add_run_args(p):
     p.add_argument("--out", default=None, help="run folder (default reports/runs/<run id>)")
     p.add_argument("--suites", default="suites", help="suite path(s) for pytest, comma-separated")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    p.add_argument("--workers", type=int, default=None,
+                   help="pytest-xdist workers for the suites (default: min(2, CPU count); 1 = no xdist)")
     p.add_argument("--no-bench", action="store_true", help="skip the benchmark step")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report step")
     p.add_argument("--bench-reps", type=int, default=None, help="timed calls per benchmark case (bench default)")
@@ -50,6 +52,9 @@ def cmd_run(args) -> int:
         cmd += ["--impl", i]
     if args.keyword:
         cmd += ["-k", args.keyword]
+    workers = args.workers if args.workers is not None else min(2, os.cpu_count() or 1)
+    if workers > 1:
+        cmd += ["-n", str(workers)]  # pytest-xdist; records of all workers land in the one results file
     env = dict(os.environ, HARNESS_RUN_ID=run_id, HF_HUB_OFFLINE="1")
     print("harness run:", " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, cwd=REPO_ROOT, env=env)
