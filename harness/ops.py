@@ -162,10 +162,8 @@ def _check_groups(arg, t, rows, channels, what):
     return G, t.shape[2]
 
 
-def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                                  has_initial_state, activation=None, pad_slot_id=PAD_SLOT_ID, out=None):
-    check_tensor("x", x, ndim=2, dtypes=_ACT_DTYPES)
-    T, D = x.shape
+def _check_conv_params(D, weight, bias, conv_states, activation) -> int:
+    """Shared checks of the two conv ops: weight (D, K), bias, the conv-state pool, activation. Returns K."""
     check_tensor("weight", weight, ndim=2, dtypes=_ACT_DTYPES)
     if weight.shape[0] != D or not 2 <= weight.shape[1] <= 8:
         fail("weight", f"shape ({D}, K) with 2 <= K <= 8", f"shape {tuple(weight.shape)}")
@@ -176,6 +174,14 @@ def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc,
         fail("conv_states", f"shape (num_slots, {D}, {K - 1})", f"shape {tuple(conv_states.shape)}")
     if activation not in (None, "silu"):
         fail("activation", "None or 'silu'", repr(activation))
+    return K
+
+
+def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                  has_initial_state, activation=None, pad_slot_id=PAD_SLOT_ID, out=None):
+    check_tensor("x", x, ndim=2, dtypes=_ACT_DTYPES)
+    T, D = x.shape
+    K = _check_conv_params(D, weight, bias, conv_states, activation)
     S = _check_qsl(query_start_loc, T)
     _check_indices("cache_indices", cache_indices, S, conv_states.shape[0], pad_slot_id)
     check_tensor("has_initial_state", has_initial_state, shape=(S,), dtypes=(torch.bool,))
@@ -189,16 +195,7 @@ def validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indic
                                   pad_slot_id=PAD_SLOT_ID, out=None):
     check_tensor("x", x, ndim=2, dtypes=_ACT_DTYPES)
     Bsz, D = x.shape
-    check_tensor("weight", weight, ndim=2, dtypes=_ACT_DTYPES)
-    if weight.shape[0] != D or not 2 <= weight.shape[1] <= 8:
-        fail("weight", f"shape ({D}, K) with 2 <= K <= 8", f"shape {tuple(weight.shape)}")
-    K = weight.shape[1]
-    check_tensor("bias", bias, shape=(D,), dtypes=_ACT_DTYPES, optional=True)
-    check_tensor("conv_states", conv_states, ndim=3, dtypes=_ACT_DTYPES)
-    if tuple(conv_states.shape[1:]) != (D, K - 1):
-        fail("conv_states", f"shape (num_slots, {D}, {K - 1})", f"shape {tuple(conv_states.shape)}")
-    if activation not in (None, "silu"):
-        fail("activation", "None or 'silu'", repr(activation))
+    K = _check_conv_params(D, weight, bias, conv_states, activation)
     _check_indices("conv_state_indices", conv_state_indices, Bsz, conv_states.shape[0], pad_slot_id)
     _same_device(x=x, weight=weight, bias=bias, conv_states=conv_states, conv_state_indices=conv_state_indices)
     _check_out(out, (Bsz, D), x.dtype, x.device)

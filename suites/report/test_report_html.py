@@ -109,3 +109,36 @@ def test_report_renders_in_chromium(pair, tmp_path):
     assert f'data-test="{REG_TEST}/y"' in failing
     assert "--hypothesis-seed=1234" in failing and "error ratio" in failing
     assert "FAIL: " in dom.stdout  # the summary's gate column flags the candidate
+
+
+BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "reports", "baselines", "h200")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium); CI installs it")
+def test_cpu_run_against_committed_h200_baseline_in_chromium(tmp_path):
+    """A report comparing a real CPU run (suites + bench, made here) with the committed H200 baseline needs
+    --allow-cross-device (exit 2 without, no file left), then renders in headless Chromium with no console
+    messages, naming both devices and the H200's ops in its tables."""
+    assert os.path.isfile(os.path.join(BASELINE, "results.jsonl")), "the committed H200 baseline is missing"
+    run = tmp_path / "cpu-run"
+    rc = main(["run", "--device", "cpu", "--suites", "suites/reference/test_ref_edge_cases.py", "--workers", "1",
+               "--bench-reps", "2", "--no-report", "--out", str(run)])
+    assert rc == 0 and (run / "results.jsonl").is_file() and (run / "bench.jsonl").is_file()
+    out = tmp_path / "vs-h200.html"
+    assert main(["report", BASELINE, str(run), "-o", str(out)]) == 2 and not out.exists()
+    assert main(["report", BASELINE, str(run), "-o", str(out), "--allow-cross-device"]) == 0
+    url = "file://" + str(out)
+    common = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000"]
+    png = tmp_path / "shot.png"
+    shot = subprocess.run(common + ["--enable-logging=stderr", "--v=0", f"--screenshot={png}", url],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert png.exists() and png.stat().st_size > 20_000
+    console = [ln for ln in shot.stderr.splitlines() if "Uncaught" in ln or ":CONSOLE" in ln]
+    assert console == [], console
+    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "NVIDIA H200" in dom.stdout and "ssd_varlen" in dom.stdout and "selective_state_update" in dom.stdout
