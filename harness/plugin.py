@@ -42,7 +42,9 @@ def _register_profiles():
     common = dict(deadline=None, print_blob=True,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                          HealthCheck.function_scoped_fixture])
-    settings.register_profile("ci", max_examples=8, **common)
+    # ci: derandomized, so a CI run explores the same examples every time (no flaky landings); dev and
+    # nightly explore freshly each run and record the seed.
+    settings.register_profile("ci", max_examples=8, derandomize=True, **common)
     settings.register_profile("dev", max_examples=40, **common)
     settings.register_profile("nightly", max_examples=300, **common)
 
