@@ -10,22 +10,17 @@ from harness.impls.torch.conv1d import causal_conv1d_update, causal_conv1d_varle
 from harness.impls.torch.gated_rms_norm import gated_rms_norm
 from harness.impls.torch.selective_scan import selective_scan_varlen
 from harness.impls.torch.selective_state_update import selective_state_update
+from harness.impls.torch.ssd import ssd_varlen
 
 OPS = {
     "causal_conv1d_varlen": causal_conv1d_varlen,
     "causal_conv1d_update": causal_conv1d_update,
     "selective_scan_varlen": selective_scan_varlen,
     "selective_state_update": selective_state_update,
+    "ssd_varlen": ssd_varlen,
     "gated_rms_norm": gated_rms_norm,
 }
 
-try:
-    from harness.impls.torch.ssd import ssd_varlen
-except ModuleNotFoundError as e:  # written separately; absent until it lands
-    if e.name != "harness.impls.torch.ssd":
-        raise
-else:
-    OPS["ssd_varlen"] = ssd_varlen
 
 IMPL = register(Impl(name="torch", ops=OPS, devices=("cpu", "cuda", "xpu"), deterministic=True,
                      description="vectorized PyTorch (chunked recurrences), any device"))

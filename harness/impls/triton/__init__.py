@@ -13,22 +13,17 @@ from harness.impls.triton.conv1d import causal_conv1d_update, causal_conv1d_varl
 from harness.impls.triton.gated_rms_norm import gated_rms_norm
 from harness.impls.triton.selective_scan import selective_scan_varlen
 from harness.impls.triton.selective_state_update import selective_state_update
+from harness.impls.triton.ssd import ssd_varlen
 
 OPS = {
     "causal_conv1d_varlen": causal_conv1d_varlen,
     "causal_conv1d_update": causal_conv1d_update,
     "selective_scan_varlen": selective_scan_varlen,
     "selective_state_update": selective_state_update,
+    "ssd_varlen": ssd_varlen,
     "gated_rms_norm": gated_rms_norm,
 }
 
-try:
-    from harness.impls.triton.ssd import ssd_varlen
-except ModuleNotFoundError as e:  # the SSD kernels are written separately; absent until they land
-    if e.name != "harness.impls.triton.ssd":
-        raise
-else:
-    OPS["ssd_varlen"] = ssd_varlen
 
 
 def _unavailable():
