@@ -81,12 +81,9 @@ def _chromium():
     return None
 
 
-@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium); CI installs it")
-def test_report_renders_in_chromium(pair, tmp_path):
-    """Rendered in headless Chromium the report makes a non-trivial screenshot, logs no console errors, and
-    its failing-case section shows the planted accuracy regression with its reproduce command."""
-    out = tmp_path / "report.html"
-    assert main(["report", *pair, "-o", str(out)]) == 0
+def _render(out, tmp_path):
+    """Screenshot `out` in headless Chromium (asserting a real PNG), then dump its DOM.
+    Returns (the screenshot run's stderr, the rendered DOM)."""
     url = "file://" + str(out)
     common = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
               "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -98,17 +95,27 @@ def test_report_renders_in_chromium(pair, tmp_path):
     assert png.exists() and png.stat().st_size > 20_000
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    # The page has no scripts: any console message at all (Chromium logs them as ":CONSOLE") is an error.
-    console = [ln for ln in shot.stderr.splitlines() if "Uncaught" in ln or ":CONSOLE" in ln]
-    assert console == [], console
     dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    m = re.search(r'<section id="failing">(.*?)</section>', dom.stdout, re.S)
+    return shot.stderr, dom.stdout
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium); CI installs it")
+def test_report_renders_in_chromium(pair, tmp_path):
+    """Rendered in headless Chromium the report makes a non-trivial screenshot, logs no console errors, and
+    its failing-case section shows the planted accuracy regression with its reproduce command."""
+    out = tmp_path / "report.html"
+    assert main(["report", *pair, "-o", str(out)]) == 0
+    stderr, dom = _render(out, tmp_path)
+    # The page has no scripts: any console message at all (Chromium logs them as ":CONSOLE") is an error.
+    console = [ln for ln in stderr.splitlines() if "Uncaught" in ln or ":CONSOLE" in ln]
+    assert console == [], console
+    m = re.search(r'<section id="failing">(.*?)</section>', dom, re.S)
     assert m, "no failing-case section in the rendered DOM"
     failing = m.group(1)
     assert f'data-test="{REG_TEST}/y"' in failing
     assert "--hypothesis-seed=1234" in failing and "error ratio" in failing
-    assert "FAIL: " in dom.stdout  # the summary's gate column flags the candidate
+    assert "FAIL: " in dom  # the summary's gate column flags the candidate
 
 
 BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -128,17 +135,7 @@ def test_cpu_run_against_committed_h200_baseline_in_chromium(tmp_path):
     out = tmp_path / "vs-h200.html"
     assert main(["report", BASELINE, str(run), "-o", str(out)]) == 2 and not out.exists()
     assert main(["report", BASELINE, str(run), "-o", str(out), "--allow-cross-device"]) == 0
-    url = "file://" + str(out)
-    common = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000"]
-    png = tmp_path / "shot.png"
-    shot = subprocess.run(common + ["--enable-logging=stderr", "--v=0", f"--screenshot={png}", url],
-                          capture_output=True, text=True, timeout=120)
-    assert shot.returncode == 0, shot.stderr[-2000:]
-    assert png.exists() and png.stat().st_size > 20_000
-    console = [ln for ln in shot.stderr.splitlines() if "Uncaught" in ln or ":CONSOLE" in ln]
+    stderr, dom = _render(out, tmp_path)
+    console = [ln for ln in stderr.splitlines() if "Uncaught" in ln or ":CONSOLE" in ln]
     assert console == [], console
-    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "NVIDIA H200" in dom.stdout and "ssd_varlen" in dom.stdout and "selective_state_update" in dom.stdout
+    assert "NVIDIA H200" in dom and "ssd_varlen" in dom and "selective_state_update" in dom
