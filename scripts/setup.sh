@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e .
+# pyenv installs need a rehash for the new `harness` console script to be on PATH
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 # Headless Chromium renders the HTML report in the report suite (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
