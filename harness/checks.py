@@ -75,7 +75,8 @@ class Comparison:
 
 
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
-    """Compare `actual` with the reference `expected`; never raises on mismatch (see `assert_close`)."""
+    """Compare `actual` with the reference `expected`; never raises on mismatch (`harness.checker.Checker.close`
+    records and asserts)."""
     if tuple(actual.shape) != tuple(expected.shape):
         return Comparison(name, tuple(actual.shape), float("inf"), float("inf"), None, None, None, 0, tol,
                           False, f"shape mismatch: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}")
@@ -109,14 +110,6 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolera
         reason, ok = "ok", True
     return Comparison(name, shape, max_abs, ratio, idx, float(actual.reshape(-1)[flat].double()),
                       float(b.reshape(-1)[flat]), nonfinite, tol, ok, reason)
-
-
-def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
-                 context: str = "") -> Comparison:
-    c = compare(name, actual, expected, tol)
-    if not c.passed:
-        raise AssertionError(c.message(context))
-    return c
 
 
 def assert_bitwise_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, context: str = "") -> None:

@@ -67,7 +67,7 @@ import math
 
 import torch
 
-from reference.validate import check_tensor, fail
+from reference.validate import check_cu_seqlens, check_tensor, fail
 
 PAD_SLOT_ID = -1
 INF = math.inf
@@ -116,16 +116,10 @@ def _same_device(**tensors):
 
 def _check_qsl(query_start_loc, num_tokens, arg="query_start_loc"):
     check_tensor(arg, query_start_loc, ndim=1, dtypes=_INT_DTYPES)
-    if query_start_loc.numel() < 2:
-        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.numel()} entries")
     if _index_checks_on():
-        q = query_start_loc.detach().to("cpu", torch.int64)
-        if int(q[0]) != 0:
-            fail(arg, "to start at 0", int(q[0]))
-        if bool((q[1:] < q[:-1]).any()):
-            fail(arg, "non-decreasing offsets", q.tolist())
-        if int(q[-1]) != num_tokens:
-            fail(arg, f"to end at the token count T={num_tokens}", int(q[-1]))
+        check_cu_seqlens(query_start_loc, num_tokens, arg)  # starts at 0, non-decreasing, ends at T
+    elif query_start_loc.numel() < 2:
+        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.numel()} entries")
     return query_start_loc.numel() - 1
 
 
@@ -319,18 +313,3 @@ def validate_gated_rms_norm(x, weight, z, eps=1e-6, group_size=None, out=None):
     _same_device(x=x, weight=weight, z=z)
     _check_out(out, (T, Dd), x.dtype, x.device)
     return T, Dd, gs
-
-
-VALIDATORS = {
-    "causal_conv1d_varlen": validate_causal_conv1d_varlen,
-    "causal_conv1d_update": validate_causal_conv1d_update,
-    "selective_scan_varlen": validate_selective_scan_varlen,
-    "selective_state_update": validate_selective_state_update,
-    "ssd_varlen": validate_ssd_varlen,
-    "gated_rms_norm": validate_gated_rms_norm,
-}
-
-
-def live_sequences(indices: torch.Tensor, pad_slot_id: int = PAD_SLOT_ID) -> list[int]:
-    """Positions of the non-pad requests (host list)."""
-    return [i for i, s in enumerate(indices.detach().cpu().tolist()) if s != pad_slot_id]

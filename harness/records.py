@@ -18,7 +18,7 @@ import math
 import os
 import time
 import uuid
-from typing import Iterable, Iterator
+from typing import Iterable
 
 SCHEMA_VERSION = 1
 KINDS = ("env", "comparison", "timing")
@@ -96,7 +96,3 @@ def read_records(path: str, kinds: Iterable[str] | None = None) -> list[dict]:
             if kinds is None or rec["kind"] in kinds:
                 out.append(rec)
     return out
-
-
-def iter_comparisons(records: list[dict]) -> Iterator[dict]:
-    return (r for r in records if r.get("kind") == "comparison")

@@ -48,13 +48,3 @@ def assert_untouched(pool_before: torch.Tensor, pool_after: torch.Tensor, live_s
     for s in range(pool_before.shape[0]):
         if s not in live:
             assert_bitwise_equal(f"{name}[{s}] (slot not named by the batch)", pool_after[s], pool_before[s])
-
-
-def live_token_mask(query_start_loc, indices) -> torch.Tensor:
-    """Boolean mask over packed tokens: True where the token belongs to a non-pad request."""
-    q = query_start_loc.cpu().tolist()
-    m = torch.zeros(q[-1], dtype=torch.bool)
-    for i, s in enumerate(indices.cpu().tolist() if torch.is_tensor(indices) else indices):
-        if s != PAD_SLOT_ID:
-            m[q[i]:q[i + 1]] = True
-    return m

@@ -19,6 +19,11 @@ def _up(t, dtype):
     return None if t is None else t.detach().to(dtype)
 
 
+def _slot_list(indices, pad_slot_id):
+    """Host list of slot ids with the caller's pad id normalised to PAD_SLOT_ID."""
+    return [C.PAD_SLOT_ID if s == pad_slot_id else s for s in indices.tolist()]
+
+
 def _gather(pool, idx, has_init, dtype):
     """Initial states for each sequence: the slot if has_initial_state and not pad, else zeros."""
     shape = (len(idx),) + tuple(pool.shape[1:])
@@ -40,7 +45,7 @@ def _conv_varlen(cd, x, weight, bias, conv_states, query_start_loc, cache_indice
     from reference.conv1d import causal_conv1d
     C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
                                     has_initial_state, activation, pad_slot_id, out)
-    idx = [s if s != pad_slot_id else C.PAD_SLOT_ID for s in cache_indices.tolist()]
+    idx = _slot_list(cache_indices, pad_slot_id)
     init = _gather(conv_states, idx, has_initial_state.tolist(), cd)
     y, final = causal_conv1d(_up(x, cd), _up(weight, cd), _up(bias, cd), activation=activation,
                              cu_seqlens=query_start_loc.cpu().long(), initial_states=init)
@@ -53,7 +58,7 @@ def _conv_update(cd, x, conv_states, weight, bias, conv_state_indices, *, activa
     from reference.conv1d import causal_conv1d_update
     C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation,
                                     pad_slot_id, out)
-    idx = [s if s != pad_slot_id else C.PAD_SLOT_ID for s in conv_state_indices.tolist()]
+    idx = _slot_list(conv_state_indices, pad_slot_id)
     st = _gather(conv_states, idx, [True] * len(idx), cd)
     y, new = causal_conv1d_update(_up(x, cd), st, _up(weight, cd), _up(bias, cd), activation=activation)
     _scatter(conv_states, idx, new)
@@ -65,7 +70,7 @@ def _scan_varlen(cd, u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_sta
     from reference.selective_scan import selective_scan
     C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc,
                                      cache_indices, has_initial_state, pad_slot_id, out)
-    idx = [s if s != pad_slot_id else C.PAD_SLOT_ID for s in cache_indices.tolist()]
+    idx = _slot_list(cache_indices, pad_slot_id)
     init = _gather(ssm_states, idx, has_initial_state.tolist(), cd)
     y, final = selective_scan(_up(u, cd), _up(delta, cd), _up(A, cd), _up(B, cd), _up(Cm, cd), _up(D, cd),
                               _up(z, cd), delta_bias=_up(delta_bias, cd), delta_softplus=delta_softplus,
@@ -80,7 +85,7 @@ def _state_update(cd, state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices
     from reference.ssd import ssd_state_update
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
                                                dt_limit, pad_slot_id, out)
-    idx = [s if s != pad_slot_id else C.PAD_SLOT_ID for s in state_batch_indices.tolist()]
+    idx = _slot_list(state_batch_indices, pad_slot_id)
     st = _gather(state, idx, [True] * len(idx), cd)
     if layout[0] == "mamba1":
         dtc = _up(dt, cd)
@@ -105,7 +110,7 @@ def _ssd_varlen(cd, x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, quer
     from reference.ssd import ssd_scan
     C.validate_ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_start_loc,
                           cache_indices, has_initial_state, dt_limit, pad_slot_id, out)
-    idx = [s if s != pad_slot_id else C.PAD_SLOT_ID for s in cache_indices.tolist()]
+    idx = _slot_list(cache_indices, pad_slot_id)
     init = _gather(ssm_states, idx, has_initial_state.tolist(), cd)
     y, final = ssd_scan(_up(x, cd), _up(dt, cd), _up(A, cd), _up(B, cd), _up(Cm, cd), _up(D, cd), _up(z, cd),
                         dt_bias=_up(dt_bias, cd), dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
