@@ -165,6 +165,19 @@ SWEEPS = [  # (anchor, module, configs), most important first
                             for bd in (64, 128, 256) for wp in (4, 8) if 1024 <= bt * bd <= 8192]),
 ]
 
+# scripts/sweeps/<anchor>.json ({"module": ..., "configs": [...]}) replaces or adds that anchor's sweep
+_SWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweeps")
+if os.path.isdir(_SWD):
+    for _fn in sorted(os.listdir(_SWD)):
+        if _fn.endswith(".json"):
+            with open(os.path.join(_SWD, _fn)) as _f:
+                _spec = json.load(_f)
+            _name = _fn[:-5]
+            SWEEPS = [s for s in SWEEPS if s[0] != _name] + [(_name, _spec["module"], _spec["configs"])]
+ONLY = os.environ.get("SWEEP_ONLY")  # comma-separated anchors: sweep just these
+if ONLY:
+    SWEEPS = [s for s in SWEEPS if s[0] in ONLY.split(",")]
+
 with no_index_checks():
     a = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
     b2 = torch.empty_like(a)
