@@ -26,6 +26,25 @@ torch.set_num_threads(1)
 
 FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
 
+HF_UNGROUPED_NORM = ("this transformers normalizes Mamba-2's gated RMSNorm over the whole inner dimension "
+                     "instead of per group (MambaRMSNormGated without group_size, e.g. 5.17; later releases fix "
+                     "it): it cannot be the oracle for n_groups > 1")
+
+
+def hf_mamba2_norm_is_grouped() -> bool:
+    """True when transformers' Mamba-2 gated RMSNorm normalizes per group of n_groups, as mamba_ssm does
+    (and as the checkpoints were trained); older transformers releases normalize over all channels."""
+    import inspect
+    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+    return "group_size" in inspect.signature(MambaRMSNormGated.__init__).parameters
+
+
+def mamba2_group_choices(heads: int, choices=(1, 2, 4)) -> list:
+    """n_groups values an oracle test may draw: all that divide `heads`, or only 1 when this transformers'
+    gated norm is ungrouped (test_models_hf_mamba2_norm_is_grouped then skips, giving the reason)."""
+    ok = [g for g in choices if heads % g == 0]
+    return ok if hf_mamba2_norm_is_grouped() else [1]
+
 
 def quiet_transformers():
     import logging

@@ -19,7 +19,7 @@ from harness.checks import tolerance_for
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason
 
-from models_hf_oracle import Dims, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers
+from models_hf_oracle import Dims, mamba2_group_choices, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers
 
 N_NEW = 32
 MARGIN = 1e-3
@@ -31,7 +31,8 @@ def engine_dims(draw, family):
     kw = dict(family=family, d_model=d_model, n_layer=2, vocab=draw(st.integers(40, 90)),
               d_state=draw(st.sampled_from([4, 8, 16])), d_conv=draw(st.integers(2, 4)), tie=draw(st.booleans()))
     if family == "mamba2":
-        kw.update(head_dim=8, n_groups=draw(st.sampled_from([1, 2])), chunk_size=draw(st.sampled_from([4, 8])))
+        kw.update(head_dim=8, n_groups=draw(st.sampled_from(mamba2_group_choices(2 * d_model // 8, (1, 2)))),
+                  chunk_size=draw(st.sampled_from([4, 8])))
     return Dims(**kw)
 
 

@@ -17,7 +17,7 @@ from harness.checks import Tolerance, compare, tolerance_for
 from reference.loader import detect_config
 from reference.mixers import make_mixer, reference_ops
 
-from models_hf_oracle import Dims, hf_mixer
+from models_hf_oracle import HF_UNGROUPED_NORM, Dims, hf_mamba2_norm_is_grouped, hf_mixer, mamba2_group_choices
 
 # transformers' "float64" mixers still run some pieces in float32 (D.float(), the gated RMSNorm and
 # Falcon's B/C/dt norms upcast to float32 only), so an fp64 comparison can only be this tight:
@@ -39,7 +39,7 @@ def mixer_dims(draw, family):
         d_inner = expand * d_model
         head_dim = draw(st.sampled_from([p for p in (2, 4, 8) if d_inner % p == 0]))
         heads = d_inner // head_dim
-        kw.update(head_dim=head_dim, n_groups=draw(st.sampled_from([g for g in (1, 2, 4) if heads % g == 0])),
+        kw.update(head_dim=head_dim, n_groups=draw(st.sampled_from(mamba2_group_choices(heads))),
                   chunk_size=draw(st.integers(2, 6)),
                   time_step_limit=draw(st.sampled_from([(0.0, float("inf")), (0.0, float("inf")), (0.05, 0.4)])))
     return Dims(**kw)
@@ -117,3 +117,18 @@ def test_models_mixer_falcon_norms_matter():
     out, _, _ = plain.forward(h[0])
     c = compare("plain mamba1 on falcon weights", out, expected[0], tolerance_for(torch.float32))
     assert not c.passed, c.message()
+
+
+def test_models_hf_mamba2_norm_is_grouped():
+    """The oracle's own precondition for n_groups > 1: transformers' Mamba-2 gated RMSNorm normalizes
+    per group. Where it does not, the oracle suites draw n_groups = 1 only, and this test says so."""
+    if not hf_mamba2_norm_is_grouped():
+        pytest.skip(HF_UNGROUPED_NORM)
+    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+    norm = MambaRMSNormGated(8, group_size=4).double()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    x[:, 4:] *= 100.0  # groups of very different scale: a whole-row norm mixes them
+    y = norm(x, torch.zeros_like(x) + 30.0)  # gate = silu(30) ~ 1 (the norm computes in float32)
+    per_group = torch.cat([g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+                           for g in x.split(4, dim=-1)], dim=-1)
+    assert torch.allclose(y, per_group, rtol=1e-4, atol=1e-5), (y - per_group).abs().max()

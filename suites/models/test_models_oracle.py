@@ -21,7 +21,7 @@ from hypothesis import given, strategies as st
 from harness.checks import tolerance_for
 from reference.models import ReferenceLM
 
-from models_hf_oracle import (Dims, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers, top2_margin,
+from models_hf_oracle import (Dims, mamba2_group_choices, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers, top2_margin,
                               write_state_spaces)
 
 N_NEW = 32
@@ -41,7 +41,7 @@ def model_dims(draw, family, deep=False):
         d_inner = 2 * d_model
         head_dim = draw(st.sampled_from([p for p in (4, 8, 16) if d_inner % p == 0]))
         heads = d_inner // head_dim
-        kw.update(head_dim=head_dim, n_groups=draw(st.sampled_from([g for g in (1, 2, 4) if heads % g == 0])),
+        kw.update(head_dim=head_dim, n_groups=draw(st.sampled_from(mamba2_group_choices(heads))),
                   chunk_size=draw(st.integers(3, 8)))
     return Dims(**kw)
 
