@@ -88,3 +88,33 @@ def launch_config(module: str, defaults: dict) -> dict:
         with open(path) as f:
             cfg.update(json.load(f).get(module, {}))
     return cfg
+
+
+def max_offset(*tensors) -> int:
+    """The largest element offset any of `tensors` (None skipped; an int stands for a contiguous buffer of
+    that many elements) can reach from its base pointer: sum((size - 1) * |stride|). Kernels pick int32
+    index math when every tensor they address stays below 2**31 elements (with a margin), int64
+    otherwise (bug class 12)."""
+    best = 0
+    for t in tensors:
+        if isinstance(t, int):
+            best = max(best, t)
+        elif t is not None and t.numel() > 0:
+            best = max(best, sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())))
+    return best
+
+
+def index_type(*tensors, margin: int = 1 << 20):
+    """tl.int32 when every offset of `tensors` fits in int32 with `margin` to spare, else tl.int64."""
+    return tl.int64 if max_offset(*tensors) + margin >= 2 ** 31 else tl.int32
+
+
+@triton.jit
+def exp2_fast(x, FAST: tl.constexpr):
+    """2**x; on CUDA (FAST) the single MUFU instruction with flush-to-zero (no denormal fix-up code),
+    elsewhere (interpreter, XPU) tl.exp2. fp32 only when FAST."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)

@@ -1,18 +1,22 @@
 """Triton Mamba-1 selective scan over packed sequences (`selective_scan_varlen`).
 
-Parallel over (chunk of a sequence) x (block of BD channels); each program keeps its (BD, N) state
-in registers (fp32) and loops over its chunk's tokens, prefetching the next token's inputs while it
-computes the current one (CONFIG["deep"]: four tokens ahead). Three launches when a sequence can span several chunks:
+Parallel over (piece of a sequence) x (block of BD channels). Each program keeps its state as an (N, BD)
+fp32 tile in registers, N on the first axis so that a warp's lanes run along channels: the reduction
+over N for y stays inside a thread (or two), and per-channel work (softplus, D skip, z gate) is not
+repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B, y = C . h. The inputs
+of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since Triton does not
+software-pipeline these small loads), and y of token t is stored one iteration later, after the next
+token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
 
-  1. local:   every chunk runs from a zero state; stores its end state and sum(dt) per channel.
-  2. combine: per (sequence, channel block), a loop over the sequence's chunks:
-              h_init[c] = h;  h = exp(A * sum_dt[c]) * h + h_local[c]   (chunk decay = exp(A sum dt))
-              starting from the pool slot (has_initial_state, not pad) or zero; writes the final state
-              to the slot.
-  3. output:  every chunk reruns from its true initial state and writes y.
-
-When every sequence fits one chunk (T <= chunk length) a single launch does it all. The chunk table
-(chunks per sequence, prefix sums) is built on the device, so no host sync is needed. Offsets int64.
+Long sequences can be cut into pieces (CONFIG "chunk"; 0 = pick from the problem size) so that enough
+programs run; then three launches:
+  1. local:   every piece runs from a zero state; stores its end state and sum(dt) per channel.
+  2. combine: per (sequence, channel block), a loop over the sequence's pieces:
+              h_init[c] = h;  h = exp(A * sum_dt[c]) * h + h_local[c]   (piece decay = exp(A sum dt))
+              starting from the pool slot (has_initial_state, not pad) or zero; writes the final state.
+  3. output:  every piece reruns from its true initial state and writes y.
+When every sequence fits one piece a single launch does it all (pool in, pool out, y). The piece table
+(pieces per sequence, prefix sums) is built on the device, so no host sync is needed. Offsets int64.
 """
 from __future__ import annotations
 
@@ -21,11 +25,15 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import launch_config, cdiv, device_guard, interpreting, next_power_of_2
+from harness.impls.triton._common import (launch_config, cdiv, device_guard, exp2_fast, index_type, interpreting,
+                                          next_power_of_2)
 
-# Launch parameters (defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29).
-CONFIG = launch_config("selective_scan", {"bd": 64, "warps": 2, "chunk": 128, "stages": 1, "deep": False,
-                                                  "dfirst": False})
+# Launch parameters. chunk: tokens per program (0: single pass when the sequences x channel blocks give
+# at least `programs` programs, else pieces sized to give about that many).
+CONFIG = launch_config("selective_scan", {"bd": 16, "warps": 1, "chunk": 0, "programs": 1024, "pf": 4,
+                                          "dfirst": False})
+
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -47,42 +55,59 @@ def _find(tab_ptr, S, v, NSTEPS: tl.constexpr):
 
 
 @triton.jit
-def _load_bc(ptr, t, g, n, s0, s1, s2, rowmask, mask2, nmask, GU: tl.constexpr):
-    """Row t of B or C: an (N,) vector when the block's channels share one group (GU), else (BD, N)."""
+def _load_bc(ptr, t, goff, n, s0, s2, qm, nm, BD: tl.constexpr, GU: tl.constexpr):
+    """Row t of B or C as an (BN, BD) tile. With one group for the whole block (GU) every column reads the
+    same N contiguous values: the tile's layout then keeps each thread's N-run contiguous (one vector
+    load, broadcast across the lanes of a channel block) and the state tile takes the same layout."""
     if GU:
-        g0 = tl.max(g, axis=0)
-        any_row = (n * 0 + tl.max(rowmask.to(tl.int32), axis=0)) > 0  # as a vector (interpreter)
-        return tl.load(ptr + t * s0 + g0 * s1 + n * s2, mask=nmask & any_row, other=0.0)
+        p = tl.broadcast_to(ptr + t * s0 + goff + n[:, None] * s2, (n.shape[0], BD))
+        return tl.load(p, mask=nm[:, None] & qm[None, :], other=0.0)
     else:
-        return tl.load(ptr + t * s0 + g[:, None] * s1 + n[None, :] * s2, mask=mask2, other=0.0)
+        return tl.load(ptr + t * s0 + goff[None, :] + n[:, None] * s2, mask=nm[:, None] & qm[None, :], other=0.0)
 
 
 @triton.jit
-def _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t, t1, d, dm, g, n, nm, zd, su0, su1, sl0, sl1, sb0, sb1, sb2,
-        sc0, sc1, sc2, sz0, sz1, GU: tl.constexpr, NEED_C: tl.constexpr, HAS_Z: tl.constexpr):
-    """Inputs of token t (masked off past t1): u, delta, B row, C row, z (C/z = B/u when unused)."""
+def _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t, t1, uo, lo, bo, co, zo, dm, n, nm, zd, su0, sl0, sb0, sb2,
+        sc0, sc2, sz0, BD: tl.constexpr, GU: tl.constexpr, NEED_C: tl.constexpr, HAS_Z: tl.constexpr):
+    """Inputs of token t (masked off past t1): u, delta, B, C, z (C/z = B/u when unused)."""
     qm = dm & ((zd + t) < t1)
-    qm2 = qm[:, None] & nm[None, :]
-    uv = tl.load(u_ptr + t * su0 + d * su1, mask=qm, other=0.0)
-    dv = tl.load(dl_ptr + t * sl0 + d * sl1, mask=qm, other=0.0)
-    bv = _load_bc(b_ptr, t, g, n, sb0, sb1, sb2, qm, qm2, nm, GU)
+    uv = tl.load(u_ptr + t * su0 + uo, mask=qm, other=0.0)
+    dv = tl.load(dl_ptr + t * sl0 + lo, mask=qm, other=0.0)
+    bv = _load_bc(b_ptr, t, bo, n, sb0, sb2, qm, nm, BD, GU)
     if NEED_C:
-        cv = _load_bc(c_ptr, t, g, n, sc0, sc1, sc2, qm, qm2, nm, GU)
+        cv = _load_bc(c_ptr, t, co, n, sc0, sc2, qm, nm, BD, GU)
     else:
         cv = bv
     if HAS_Z:
-        zv = tl.load(z_ptr + t * sz0 + d * sz1, mask=qm, other=0.0)
+        zv = tl.load(z_ptr + t * sz0 + zo, mask=qm, other=0.0)
     else:
         zv = uv
     return uv, dv, bv, cv, zv
 
 
 @triton.jit
-def _bc2d(v, GU: tl.constexpr):
-    if GU:
-        return v[None, :]
+def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+          SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
+    """One token: returns the new state, dt (for sum dt) and y (unused when NEED_Y is off). Where `ok` is
+    false (a token past the piece's end) dt is 0, so the state is unchanged."""
+    dtv = dv.to(ACC)
+    if HAS_DB:
+        dtv += dbias
+    if SOFTPLUS:
+        dtv = _softplus(dtv)
+    dtv = tl.where(ok, dtv, 0.0)
+    uf = uv.to(ACC)
+    h = exp2_fast(dtv[None, :] * a2, FAST) * h + (dtv * uf)[None, :] * bv.to(ACC)
+    if NEED_Y:
+        y = tl.sum(h * cv.to(ACC), axis=0)
+        if HAS_D:
+            y += dskip * uf
+        if HAS_Z:
+            zf = zv.to(ACC)
+            y = y * zf / (1.0 + tl.exp(-zf))
     else:
-        return v
+        y = dtv
+    return h, dtv, y
 
 
 @triton.jit
@@ -92,105 +117,131 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                  su0, su1, sl0, sl1, sa0, sa1, sb0, sb1, sb2, sc0, sc1, sc2, sd0, sz0, sz1, sdb0,
                  ss0, ss1, ss2, sy0, sy1,
                  MODE: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, NSTEPS: tl.constexpr,
-                 GU: tl.constexpr, DEEP: tl.constexpr, DFIRST: tl.constexpr,
+                 GU: tl.constexpr, PF: tl.constexpr, DFIRST: tl.constexpr, IDX: tl.constexpr, FAST: tl.constexpr,
                  HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DB: tl.constexpr, SOFTPLUS: tl.constexpr,
                  ACC: tl.constexpr):
-    # MODE 0: single pass (one chunk per sequence; pool in, pool out, y)
+    # MODE 0: single pass (one piece per sequence; pool in, pool out, y)
     # MODE 1: local pass (zero state; store end state + sum dt)
     # MODE 2: output pass (state from hb; y)
     if DFIRST:  # channel blocks vary fastest: programs running together stream the same tokens
-        pid = tl.program_id(1).to(tl.int64)
+        pid = tl.program_id(1).to(IDX)
         pd = tl.program_id(0)
     else:
-        pid = tl.program_id(0).to(tl.int64)
+        pid = tl.program_id(0).to(IDX)
         pd = tl.program_id(1)
-    d = pd.to(tl.int64) * BD + tl.arange(0, BD).to(tl.int64)
-    n = tl.arange(0, BN).to(tl.int64)
+    d = pd.to(IDX) * BD + tl.arange(0, BD).to(IDX)
+    n = tl.arange(0, BN).to(IDX)
     dm = d < Dm
     nm = n < N
-    m2 = dm[:, None] & nm[None, :]
-    g = d // CPG
-    if GU:  # every channel of this block reads the same group: load B/C rows as N-vectors
-        g = g * 0 + (pd.to(tl.int64) * BD) // CPG
+    m2 = nm[:, None] & dm[None, :]
     zd = d * 0  # scalar conditions become vectors (the interpreter mishandles vector & scalar bools)
     if MODE == 0:
         s = pid
-        t0 = tl.load(qsl_ptr + s).to(tl.int64)
-        t1 = tl.load(qsl_ptr + s + 1).to(tl.int64)
+        t0 = tl.load(qsl_ptr + s).to(IDX)
+        t1 = tl.load(qsl_ptr + s + 1).to(IDX)
         valid = zd == 0
     else:
-        total = tl.load(cs_ptr + S).to(tl.int64)
+        total = tl.load(cs_ptr + S).to(IDX)
         valid = (zd + pid) < total
         s = _find(cs_ptr, S, pid, NSTEPS)
-        j = pid - tl.load(cs_ptr + s).to(tl.int64)
-        t0 = tl.load(qsl_ptr + s).to(tl.int64) + j * L
-        t1 = tl.minimum(t0 + L, tl.load(qsl_ptr + s + 1).to(tl.int64))
+        j = pid - tl.load(cs_ptr + s).to(IDX)
+        t0 = tl.load(qsl_ptr + s).to(IDX) + j * L
+        t1 = tl.minimum(t0 + L, tl.load(qsl_ptr + s + 1).to(IDX))
         t1 = tl.where(pid < total, t1, t0)
-    a = tl.load(a_ptr + d[:, None] * sa0 + n[None, :] * sa1, mask=m2, other=0.0).to(ACC)
+    a2 = tl.load(a_ptr + d[None, :] * sa0 + n[:, None] * sa1, mask=m2, other=0.0).to(ACC) * 1.4426950408889634
+    dbias = zd.to(ACC)
+    dskip = zd.to(ACC)
     if HAS_DB:
         dbias = tl.load(db_ptr + d * sdb0, mask=dm, other=0.0).to(ACC)
     if HAS_D:
         dskip = tl.load(d_ptr + d * sd0, mask=dm, other=0.0).to(ACC)
-    hb_off = pid * Dm * N + d[:, None] * N + n[None, :]
-    if MODE == 0:
-        slot = tl.load(idx_ptr + s).to(tl.int64)
-        live = (zd + slot) != pad_id
-        use = live & ((zd + tl.load(hi_ptr + s).to(tl.int64)) != 0)
-        slot = tl.where(slot != pad_id, slot, 0)
-        sptr = st_ptr + slot * ss0 + d[:, None] * ss1 + n[None, :] * ss2
-        h = tl.load(sptr, mask=(dm & use)[:, None] & nm[None, :], other=0.0).to(ACC)
-    elif MODE == 1:
-        h = tl.zeros((BD, BN), dtype=ACC)
-        sdt = tl.zeros((BD,), dtype=ACC)
+    # per-channel parts of the input offsets (loop-invariant)
+    uo = d * su1
+    lo = d * sl1
+    zo = d * sz1
+    if GU:  # every channel of this block reads the same group: B/C rows are N-vectors
+        g0 = (pd.to(IDX) * BD) // CPG
+        bo = g0 * sb1
+        co = g0 * sc1
     else:
-        h = tl.load(hb_ptr + hb_off, mask=(dm & valid)[:, None] & nm[None, :], other=0.0).to(ACC)
-    # inputs of token t are loaded PF tokens ahead (loop-carried registers), so up to PF loads per
-    # stream are in flight while the recurrence runs (Triton does not software-pipeline these loads)
-    NEED_C: tl.constexpr = MODE != 1
-    uv, dv, bv, cv, zv = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0, t1, d, dm, g, n, nm, zd, su0, su1, sl0, sl1,
-                             sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1, GU, NEED_C, HAS_Z)
-    if DEEP:
-        u1, d1, b1, c1, z1 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 1, t1, d, dm, g, n, nm, zd, su0, su1, sl0,
-                                 sl1, sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1, GU, NEED_C, HAS_Z)
-        u2, d2, b2, c2, z2 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 2, t1, d, dm, g, n, nm, zd, su0, su1, sl0,
-                                 sl1, sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1, GU, NEED_C, HAS_Z)
-        u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, d, dm, g, n, nm, zd, su0, su1, sl0,
-                                 sl1, sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1, GU, NEED_C, HAS_Z)
-    for t in range(t0, t1):
-        if DEEP:
-            tn = t + 4
-        else:
-            tn = t + 1
-        un, dn, bn, cn, zn = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tn, t1, d, dm, g, n, nm, zd, su0, su1, sl0, sl1,
-                                 sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1, GU, NEED_C, HAS_Z)
-        dtv = dv.to(ACC)
-        if HAS_DB:
-            dtv += dbias
-        if SOFTPLUS:
-            dtv = _softplus(dtv)
-        uf = uv.to(ACC)
-        h = tl.exp(dtv[:, None] * a) * h + (dtv * uf)[:, None] * _bc2d(bv, GU).to(ACC)
-        if MODE == 1:
-            sdt += dtv
-        else:
-            y = tl.sum(h * _bc2d(cv, GU).to(ACC), axis=1)
-            if HAS_D:
-                y += dskip * uf
-            if HAS_Z:
-                zf = zv.to(ACC)
-                y = y * zf / (1.0 + tl.exp(-zf))
-            tl.store(y_ptr + t * sy0 + d * sy1, y.to(y_ptr.dtype.element_ty), mask=dm)
-        if DEEP:
-            uv, dv, bv, cv, zv = u1, d1, b1, c1, z1
-            u1, d1, b1, c1, z1 = u2, d2, b2, c2, z2
-            u2, d2, b2, c2, z2 = u3, d3, b3, c3, z3
-            u3, d3, b3, c3, z3 = un, dn, bn, cn, zn
-        else:
-            uv, dv, bv, cv, zv = un, dn, bn, cn, zn
+        g = d // CPG
+        bo = g * sb1
+        co = g * sc1
+    hb_off = pid * Dm * N + d[None, :] * N + n[:, None]
     if MODE == 0:
-        tl.store(sptr, h.to(st_ptr.dtype.element_ty), mask=(dm & live)[:, None] & nm[None, :])
+        slot = tl.load(idx_ptr + s).to(IDX)
+        live = (zd + slot) != pad_id
+        use = live & ((zd + tl.load(hi_ptr + s).to(IDX)) != 0)
+        slot = tl.where(slot != pad_id, slot, 0)
+        sptr = st_ptr + slot * ss0 + d[None, :] * ss1 + n[:, None] * ss2
+        h = tl.load(sptr, mask=nm[:, None] & (dm & use)[None, :], other=0.0).to(ACC)
     elif MODE == 1:
-        tl.store(hb_ptr + hb_off, h, mask=(dm & valid)[:, None] & nm[None, :])
+        h = tl.zeros((BN, BD), dtype=ACC)
+    else:
+        h = tl.load(hb_ptr + hb_off, mask=nm[:, None] & (dm & valid)[None, :], other=0.0).to(ACC)
+    sdt = zd.to(ACC)
+    NEED_Y: tl.constexpr = MODE != 1
+    # slot i holds the inputs of token tb + i; after step i uses it, it is refilled with token tb + PF + i
+    u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                             su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+    if PF >= 2:
+        u1, d1, b1, c1, z1 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 1, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+    if PF >= 4:
+        u2, d2, b2, c2, z2 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 2, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+        u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+    yo = d * sy1
+    ypend = zd.to(ACC)  # y of the previous token, stored one step late
+    for tb in range(t0, t1, PF):
+        h, dtv, y = _step(h, a2, u0, d0, b0, c0, z0, dbias, dskip, (zd + tb) < t1, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D,
+                          HAS_Z, NEED_Y)
+        u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+        if NEED_Y:
+            tl.store(y_ptr + (tb - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + tb) > t0))
+            ypend = y  # token tb < t1 always
+        else:
+            sdt += dtv
+        if PF >= 2:
+            h, dtv, y = _step(h, a2, u1, d1, b1, c1, z1, dbias, dskip, (zd + tb + 1) < t1, FAST, ACC, HAS_DB, SOFTPLUS,
+                              HAS_D, HAS_Z, NEED_Y)
+            u1, d1, b1, c1, z1 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF + 1, t1, uo, lo, bo, co, zo, dm, n,
+                                     nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+            if NEED_Y:
+                tl.store(y_ptr + tb * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
+                         mask=dm & ((zd + tb + 1) <= t1))
+                ypend = tl.where((zd + tb + 1) < t1, y, ypend)  # keeps the last valid token's y
+            else:
+                sdt += dtv
+        if PF >= 4:
+            h, dtv, y = _step(h, a2, u2, d2, b2, c2, z2, dbias, dskip, (zd + tb + 2) < t1, FAST, ACC, HAS_DB, SOFTPLUS,
+                              HAS_D, HAS_Z, NEED_Y)
+            u2, d2, b2, c2, z2 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF + 2, t1, uo, lo, bo, co, zo, dm, n,
+                                     nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+            if NEED_Y:
+                tl.store(y_ptr + (tb + 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
+                         mask=dm & ((zd + tb + 2) <= t1))
+                ypend = tl.where((zd + tb + 2) < t1, y, ypend)  # keeps the last valid token's y
+            else:
+                sdt += dtv
+            h, dtv, y = _step(h, a2, u3, d3, b3, c3, z3, dbias, dskip, (zd + tb + 3) < t1, FAST, ACC, HAS_DB, SOFTPLUS,
+                              HAS_D, HAS_Z, NEED_Y)
+            u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF + 3, t1, uo, lo, bo, co, zo, dm, n,
+                                     nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+            if NEED_Y:
+                tl.store(y_ptr + (tb + 2) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
+                         mask=dm & ((zd + tb + 3) <= t1))
+                ypend = tl.where((zd + tb + 3) < t1, y, ypend)  # keeps the last valid token's y
+            else:
+                sdt += dtv
+    if NEED_Y:  # the last token's y (the loop stored up to the token before it)
+        tl.store(y_ptr + (t1 - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + t1) > t0))
+    if MODE == 0:
+        tl.store(sptr, h.to(st_ptr.dtype.element_ty), mask=nm[:, None] & (dm & live)[None, :])
+    elif MODE == 1:
+        tl.store(hb_ptr + hb_off, h, mask=nm[:, None] & (dm & valid)[None, :])
         tl.store(sdt_ptr + pid * Dm + d, sdt, mask=dm & valid)
 
 
@@ -237,21 +288,33 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     if S == 0:
         return y
     interp = interpreting()
-    L = int(chunk_size or (8 if interp else CONFIG["chunk"]))
     BN = next_power_of_2(N)
     BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["bd"])
+    nD = cdiv(Dm, BD)
+    if chunk_size:
+        L = int(chunk_size)
+    elif interp:
+        L = 8
+    elif CONFIG["chunk"]:
+        L = int(CONFIG["chunk"])
+    elif S * nD >= CONFIG["programs"]:
+        L = T  # one pass per sequence already gives enough programs
+    else:  # cut the tokens into pieces so that about `programs` programs run
+        L = max(64, cdiv(T * nD, CONFIG["programs"]))
     acc_t = torch.float64 if u.dtype == torch.float64 else torch.float32
     ACC = tl.float64 if acc_t == torch.float64 else tl.float32
     hi = has_initial_state.view(torch.uint8)
-    nD = cdiv(Dm, BD)
     warps = 1 if interp else CONFIG["warps"]
-    # under the interpreter (CPU suites) both prefetch depths get exercised, chosen by token-count parity
-    deep = bool(CONFIG["deep"]) if not interp else T % 2 == 0
-    dfirst = bool(CONFIG["dfirst"]) if not interp else T % 3 == 0
-    opt = dict(GU=(Dm // G) % BD == 0, DEEP=deep, DFIRST=dfirst, HAS_D=D is not None, HAS_Z=z is not None,
+    # under the interpreter (CPU suites) every prefetch depth gets exercised, chosen by the token count
+    pf = int(CONFIG["pf"]) if not interp else (1, 2, 4)[T % 3]
+    if pf not in (1, 2, 4):
+        raise ValueError(f"selective_scan CONFIG['pf']: expected 1, 2 or 4, got {pf}")
+    dfirst = bool(CONFIG["dfirst"]) if not interp else T % 2 == 0
+    NC = cdiv(T, L) + S  # bound on the piece count
+    idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)
+    fast = (not interp) and u.device.type == "cuda" and acc_t == torch.float32
+    opt = dict(GU=(Dm // G) % BD == 0, PF=pf, DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
                HAS_DB=delta_bias is not None, SOFTPLUS=bool(delta_softplus), ACC=ACC, BD=BD, BN=BN, num_warps=warps)
-    if not interp and CONFIG["stages"] > 1:
-        opt["num_stages"] = CONFIG["stages"]
     Dp = D if D is not None else u
     zp = z if z is not None else u
     dbp = delta_bias if delta_bias is not None else u
@@ -268,7 +331,6 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         nch = (q[1:] - q[:-1] + (L - 1)) // L
         cs = torch.zeros(S + 1, dtype=torch.int64, device=u.device)
         torch.cumsum(nch, 0, out=cs[1:])
-        NC = cdiv(T, L) + S  # bound on the chunk count
         hb = torch.empty((NC, Dm, N), dtype=acc_t, device=u.device)
         sdt = torch.empty((NC, Dm), dtype=acc_t, device=u.device)
         nsteps = max(1, int(S).bit_length())
