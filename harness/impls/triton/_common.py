@@ -118,3 +118,36 @@ def exp2_fast(x, FAST: tl.constexpr):
                                          is_pure=True, pack=1)
     else:
         return tl.exp2(x)
+
+
+@triton.jit
+def log2_fast(x, FAST: tl.constexpr):
+    """log2(x); on CUDA (FAST) the single MUFU instruction (lg2.approx.ftz), elsewhere tl.log2."""
+    if FAST:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def rcp_fast(x, FAST: tl.constexpr):
+    """1 / x; on CUDA (FAST) the single MUFU instruction (rcp.approx.ftz), elsewhere a division."""
+    if FAST:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def softplus_fast(x, FAST: tl.constexpr):
+    """log(1 + exp(x)) = max(x, 0) + ln2 * log2(1 + 2**(-|x| log2 e)), overflow-free; MUFU-only on CUDA."""
+    return tl.maximum(x, 0.0) + 0.6931471805599453 * log2_fast(1.0 + exp2_fast(-tl.abs(x) * 1.4426950408889634,
+                                                                                  FAST), FAST)
+
+
+@triton.jit
+def silu_fast(x, FAST: tl.constexpr):
+    """x * sigmoid(x) = x / (1 + 2**(-x log2 e)); MUFU-only on CUDA."""
+    return x * rcp_fast(1.0 + exp2_fast(-x * 1.4426950408889634, FAST), FAST)

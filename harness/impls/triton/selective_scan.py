@@ -26,7 +26,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, exp2_fast, index_type, interpreting,
-                                          next_power_of_2)
+                                          next_power_of_2, silu_fast, softplus_fast)
 
 # Launch parameters. chunk: tokens per program (0: single pass when the sequences x channel blocks give
 # at least `programs` programs, else pieces sized to give about that many).
@@ -34,11 +34,6 @@ CONFIG = launch_config("selective_scan", {"bd": 16, "warps": 1, "chunk": 0, "pro
                                           "dfirst": False})
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _softplus(x):
-    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
 
 
 @triton.jit
@@ -94,7 +89,7 @@ def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: 
     if HAS_DB:
         dtv += dbias
     if SOFTPLUS:
-        dtv = _softplus(dtv)
+        dtv = softplus_fast(dtv, FAST)
     dtv = tl.where(ok, dtv, 0.0)
     uf = uv.to(ACC)
     h = exp2_fast(dtv[None, :] * a2, FAST) * h + (dtv * uf)[None, :] * bv.to(ACC)
@@ -103,8 +98,7 @@ def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: 
         if HAS_D:
             y += dskip * uf
         if HAS_Z:
-            zf = zv.to(ACC)
-            y = y * zf / (1.0 + tl.exp(-zf))
+            y = y * silu_fast(zv.to(ACC), FAST)
     else:
         y = dtv
     return h, dtv, y
