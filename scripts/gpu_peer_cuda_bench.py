@@ -61,9 +61,11 @@ try:
 except Exception as e:  # noqa: BLE001
     cc, cc_err = None, f"{type(e).__name__}: {e}"
 
+import os
+ONLY = os.environ.get("PEER_OPS", "scan,conv,conv_update").split(",")  # which ops to time
 g = torch.Generator(device=dev).manual_seed(0)
 Dm, N = 8192, 16
-for L in (1024, 4096, 16384):
+for L in ((1024, 4096, 16384) if "scan" in ONLY else ()):
     u = torch.randn(L, Dm, device=dev, generator=g).to(bf)
     delta = (torch.randn(L, Dm, device=dev, generator=g) - 4).to(bf)
     z = torch.randn(L, Dm, device=dev, generator=g).to(bf)
@@ -95,7 +97,7 @@ for L in (1024, 4096, 16384):
 D, K = 10240, 4
 w = torch.randn(D, K, device=dev, generator=g).to(bf)
 bias = torch.randn(D, device=dev, generator=g).to(bf)
-for L in (4096, 16384):
+for L in ((4096, 16384) if "conv" in ONLY else ()):
     x = torch.randn(L, D, device=dev, generator=g).to(bf)
     cs = torch.zeros(2, D, K - 1, device=dev, dtype=bf)
     qsl = torch.tensor([0, L], dtype=torch.int32, device=dev)
@@ -116,23 +118,24 @@ for L in (4096, 16384):
         emit("causal_conv1d_varlen", shape, "causal_conv1d_cuda", nbytes, q, peer=True)
     del x, out
 
-Bsz = 256
-x = torch.randn(Bsz, D, device=dev, generator=g).to(bf)
-pool = torch.randn(Bsz + 1, D, K - 1, device=dev, generator=g).to(bf)
-idx = torch.arange(1, Bsz + 1, dtype=torch.int32, device=dev)
-out = torch.empty_like(x)
-nbytes = 2 * Bsz * D * 2 + 2 * Bsz * D * (K - 1) * 2 + D * K * 2
-shape = {"D": D, "K": K, "batch": Bsz}
-f = T.ops["causal_conv1d_update"]
-with no_index_checks():
-    q = bench(lambda: f(x, pool, w, bias, idx, activation="silu", out=out))
-emit("causal_conv1d_update", shape, "triton", nbytes, q)
-if cc is None:
-    emit("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes, error=cc_err, peer=True)
-else:
-    st = pool[1:].clone()
-    q = bench(lambda: cc.causal_conv1d_update(x, st, w, bias, "silu"))
-    emit("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes, q, peer=True)
+if "conv_update" in ONLY:
+    Bsz = 256
+    x = torch.randn(Bsz, D, device=dev, generator=g).to(bf)
+    pool = torch.randn(Bsz + 1, D, K - 1, device=dev, generator=g).to(bf)
+    idx = torch.arange(1, Bsz + 1, dtype=torch.int32, device=dev)
+    out = torch.empty_like(x)
+    nbytes = 2 * Bsz * D * 2 + 2 * Bsz * D * (K - 1) * 2 + D * K * 2
+    shape = {"D": D, "K": K, "batch": Bsz}
+    f = T.ops["causal_conv1d_update"]
+    with no_index_checks():
+        q = bench(lambda: f(x, pool, w, bias, idx, activation="silu", out=out))
+    emit("causal_conv1d_update", shape, "triton", nbytes, q)
+    if cc is None:
+        emit("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes, error=cc_err, peer=True)
+    else:
+        st = pool[1:].clone()
+        q = bench(lambda: cc.causal_conv1d_update(x, st, w, bias, "silu"))
+        emit("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes, q, peer=True)
 
 env = environment("cuda")
 with open(out_path, "w") as fh:
