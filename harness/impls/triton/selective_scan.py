@@ -4,7 +4,7 @@ Parallel over (piece of a sequence) x (block of BD channels). Each program keeps
 fp32 tile in registers, N on the first axis so that a warp's lanes run along channels: the reduction
 over N for y stays inside a thread (or two), and per-channel work (softplus, D skip, z gate) is not
 repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B, y = C . h. The inputs
-of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since Triton does not
+of token t + PF are loaded in iteration t (PF in {1, 2, 4, 8}: a register ring, since Triton does not
 software-pipeline these small loads), and y of token t is stored one iteration later, after the next
 token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
 
@@ -105,6 +105,26 @@ def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: 
 
 
 @triton.jit
+def _sub(h, ypend, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF: tl.constexpr, u_ptr, dl_ptr, b_ptr,
+         c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+         BD: tl.constexpr, GU: tl.constexpr, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+         SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
+    """Token tt (a no-op past t1) from its slot, then the slot refilled with token tt + PF; y of the token
+    before tt is stored now (one step late, so the store does not wait on this token's reduction)."""
+    ok = (zd + tt) < t1
+    h, dtv, y = _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+    uv, dv, bv, cv, zv = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tt + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                             su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+    if NEED_Y:
+        tl.store(y_ptr + (tt - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
+                 mask=dm & ((zd + tt) > t0) & ((zd + tt) <= t1))
+        ypend = tl.where(ok, y, ypend)
+    else:
+        sdt += dtv
+    return h, ypend, sdt, uv, dv, bv, cv, zv
+
+
+@triton.jit
 def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
                  y_ptr, cs_ptr, hb_ptr, sdt_ptr,
                  Dm, N, CPG, S, L, pad_id,
@@ -186,50 +206,53 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
         u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-    yo = d * sy1
-    ypend = zd.to(ACC)  # y of the previous token, stored one step late
-    for tb in range(t0, t1, PF):
-        h, dtv, y = _step(h, a2, u0, d0, b0, c0, z0, dbias, dskip, (zd + tb) < t1, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D,
-                          HAS_Z, NEED_Y)
-        u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+    if PF >= 8:
+        u4, d4, b4, c4, z4 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 4, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-        if NEED_Y:
-            tl.store(y_ptr + (tb - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + tb) > t0))
-            ypend = y  # token tb < t1 always
-        else:
-            sdt += dtv
+        u5, d5, b5, c5, z5 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 5, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+        u6, d6, b6, c6, z6 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 6, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+        u7, d7, b7, c7, z7 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 7, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+    yo = d * sy1
+    ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
+    for tb in range(t0, t1, PF):
+        h, ypend, sdt, u0, d0, b0, c0, z0 = _sub(
+            h, ypend, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr,
+            y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+            BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 2:
-            h, dtv, y = _step(h, a2, u1, d1, b1, c1, z1, dbias, dskip, (zd + tb + 1) < t1, FAST, ACC, HAS_DB, SOFTPLUS,
-                              HAS_D, HAS_Z, NEED_Y)
-            u1, d1, b1, c1, z1 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF + 1, t1, uo, lo, bo, co, zo, dm, n,
-                                     nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-            if NEED_Y:
-                tl.store(y_ptr + tb * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
-                         mask=dm & ((zd + tb + 1) <= t1))
-                ypend = tl.where((zd + tb + 1) < t1, y, ypend)  # keeps the last valid token's y
-            else:
-                sdt += dtv
+            h, ypend, sdt, u1, d1, b1, c1, z1 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 4:
-            h, dtv, y = _step(h, a2, u2, d2, b2, c2, z2, dbias, dskip, (zd + tb + 2) < t1, FAST, ACC, HAS_DB, SOFTPLUS,
-                              HAS_D, HAS_Z, NEED_Y)
-            u2, d2, b2, c2, z2 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF + 2, t1, uo, lo, bo, co, zo, dm, n,
-                                     nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-            if NEED_Y:
-                tl.store(y_ptr + (tb + 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
-                         mask=dm & ((zd + tb + 2) <= t1))
-                ypend = tl.where((zd + tb + 2) < t1, y, ypend)  # keeps the last valid token's y
-            else:
-                sdt += dtv
-            h, dtv, y = _step(h, a2, u3, d3, b3, c3, z3, dbias, dskip, (zd + tb + 3) < t1, FAST, ACC, HAS_DB, SOFTPLUS,
-                              HAS_D, HAS_Z, NEED_Y)
-            u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tb + PF + 3, t1, uo, lo, bo, co, zo, dm, n,
-                                     nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-            if NEED_Y:
-                tl.store(y_ptr + (tb + 2) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
-                         mask=dm & ((zd + tb + 3) <= t1))
-                ypend = tl.where((zd + tb + 3) < t1, y, ypend)  # keeps the last valid token's y
-            else:
-                sdt += dtv
+            h, ypend, sdt, u2, d2, b2, c2, z2 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+            h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+        if PF >= 8:
+            h, ypend, sdt, u4, d4, b4, c4, z4 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u4, d4, b4, c4, z4, tb + 4, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+            h, ypend, sdt, u5, d5, b5, c5, z5 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u5, d5, b5, c5, z5, tb + 5, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+            h, ypend, sdt, u6, d6, b6, c6, z6 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u6, d6, b6, c6, z6, tb + 6, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+            h, ypend, sdt, u7, d7, b7, c7, z7 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u7, d7, b7, c7, z7, tb + 7, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     if NEED_Y:  # the last token's y (the loop stored up to the token before it)
         tl.store(y_ptr + (t1 - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + t1) > t0))
     if MODE == 0:
@@ -300,9 +323,9 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     hi = has_initial_state.view(torch.uint8)
     warps = 1 if interp else CONFIG["warps"]
     # under the interpreter (CPU suites) every prefetch depth gets exercised, chosen by the token count
-    pf = int(CONFIG["pf"]) if not interp else (1, 2, 4)[T % 3]
-    if pf not in (1, 2, 4):
-        raise ValueError(f"selective_scan CONFIG['pf']: expected 1, 2 or 4, got {pf}")
+    pf = int(CONFIG["pf"]) if not interp else (1, 2, 4, 8)[T % 4]
+    if pf not in (1, 2, 4, 8):
+        raise ValueError(f"selective_scan CONFIG['pf']: expected 1, 2, 4 or 8, got {pf}")
     dfirst = bool(CONFIG["dfirst"]) if not interp else T % 2 == 0
     NC = cdiv(T, L) + S  # bound on the piece count
     idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)
