@@ -2,8 +2,10 @@
 
 Mamba-2 (num_slots, H, P, N): one program per (batch row, head, block of P rows); it streams its
 (BP, N) tile of the state once (read, update in fp32, write), with dt/A/D per head as scalars and
-the group's B/C rows as N-vectors. Mamba-1 (num_slots, Dm, N): one program per (batch row, block of
-channels), a (BD, N) tile. Pad rows touch nothing. Offsets are int64.
+the group's B/C rows as N-vectors. Mamba-1 (num_slots, Dm, N): one program per (block of BD channels,
+TILES x ROWS batch rows); each (ROWS, BD, N) tile's state is one contiguous BD*N run per row in a dense pool,
+loaded and stored as a (ROWS, BD*N) block in 16-byte vectors, A/D/dt_bias once per program, fp32 math via
+exp2 (A pre-scaled by log2 e). Pad rows touch nothing. Offsets are int64 (indices int32).
 """
 from __future__ import annotations
 
@@ -14,13 +16,29 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.triton._common import launch_config, cdiv, device_guard, interpreting, next_power_of_2
 
-# Launch parameters (defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29).
-CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m1_bd": 32, "m1_warps": 4, "m1_rows": 8})
+# Launch parameters (m2_*: defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29; m1_*: the
+# offline sm_90 compile's pick, to be confirmed by scripts/sweeps/m1.json). m1: bd channels x rows batch rows per
+# tile, tiles tiles per program (looped, the next tile prefetched), dfirst: channel blocks on grid axis 0.
+CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m1_bd": 32, "m1_warps": 2, "m1_rows": 4,
+                                                  "m1_tiles": 1, "m1_dfirst": 1})
 
 
 @triton.jit
 def _softplus(x):
     return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _softplus_exp2(x, FAST: tl.constexpr):
+    # fp32 softplus through exp2 / log2; FAST (CUDA): lg2.approx (one MUFU.LG2, rel. error ~2^-22) instead of
+    # the polynomial log2. The argument of the log is in [1, 2].
+    t = 1.0 + tl.exp2(tl.abs(x) * -1.4426950408889634)
+    if FAST:
+        lg = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
+                                       pack=1)
+    else:
+        lg = tl.log2(t)
+    return tl.maximum(x, 0.0) + 0.6931471805599453 * lg
 
 
 @triton.jit
@@ -81,60 +99,171 @@ def _ssu_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr,
 
 
 @triton.jit
+def _m1_state_ptrs(st_ptr, slot, live, pd, d64, n64, m2, Dm, ss0, ss1, ss2, BD: tl.constexpr, BN: tl.constexpr,
+                   DENSE: tl.constexpr, EVEN_D: tl.constexpr):
+    # pointers / mask of a tile's state: (ROWS, BD*BN) when DENSE (the slot rows are (Dm, N) row-major with
+    # N == BN: one contiguous BD*BN run per row), else (ROWS, BD, BN)
+    if DENSE:
+        f = tl.arange(0, BD * BN)
+        sptr = (st_ptr + slot * ss0 + pd.to(tl.int64) * (BD * BN))[:, None] + f[None, :]
+        if EVEN_D:
+            smask = live[:, None] & tl.full((BD * BN,), 1, tl.int1)[None, :]
+        else:
+            smask = live[:, None] & ((pd * (BD * BN) + f) < Dm * BN)[None, :]
+    else:
+        sptr = (st_ptr + slot[:, None, None] * ss0) + (d64[:, None] * ss1 + n64[None, :] * ss2)[None, :, :]
+        smask = live[:, None, None] & m2[None, :, :]
+    return sptr, smask
+
+
+@triton.jit
+def _m1_load(st_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, idx_ptr, b, b_hi, pd, d64, n64, dm, nm, m2, g0, g,
+             Dm, pad_id, ss0, ss1, ss2, sx0, sx1, sdt0, sdt1, sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1,
+             BD: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr, GU: tl.constexpr, HAS_Z: tl.constexpr,
+             DENSE: tl.constexpr, EVEN_B: tl.constexpr, EVEN_D: tl.constexpr):
+    # the loads of one (ROWS, BD, BN) tile (rows b, those >= b_hi masked off), values left in their storage dtypes
+    b64 = b.to(tl.int64)
+    if EVEN_B:  # constant-true masks fold away
+        rowm = tl.full((ROWS,), 1, tl.int1)
+    else:
+        rowm = b < b_hi
+    m_rd = rowm[:, None] & dm[None, :]  # (ROWS, BD)
+    slot = tl.load(idx_ptr + b, mask=rowm, other=pad_id).to(tl.int64)  # (ROWS,)
+    live = slot != pad_id  # masked-off rows read as pads
+    slot = tl.where(live, slot, 0)
+    sptr, smask = _m1_state_ptrs(st_ptr, slot, live, pd, d64, n64, m2, Dm, ss0, ss1, ss2, BD, BN, DENSE, EVEN_D)
+    s = tl.load(sptr, mask=smask, other=0.0)
+    if DENSE:
+        s = tl.reshape(s, (ROWS, BD, BN))
+    xv = tl.load((x_ptr + b64 * sx0)[:, None] + (d64 * sx1)[None, :], mask=m_rd, other=0.0)
+    dtv = tl.load((dt_ptr + b64 * sdt0)[:, None] + (d64 * sdt1)[None, :], mask=m_rd, other=0.0)
+    if HAS_Z:
+        zv = tl.load((z_ptr + b64 * sz0)[:, None] + (d64 * sz1)[None, :], mask=m_rd, other=0.0)
+    else:
+        zv = xv
+    if GU:  # all channels of the block read one group: the B/C rows as (ROWS, 1, BN)
+        m_rn = rowm[:, None] & nm[None, :]
+        bv = tl.load((b_ptr + b64 * sb0 + g0 * sb1)[:, None] + (n64 * sb2)[None, :], mask=m_rn, other=0.0)
+        cv = tl.load((c_ptr + b64 * sc0 + g0 * sc1)[:, None] + (n64 * sc2)[None, :], mask=m_rn, other=0.0)
+        bv = bv[:, None, :]
+        cv = cv[:, None, :]
+    else:
+        m3 = rowm[:, None, None] & m2[None, :, :]
+        bv = tl.load((b_ptr + b64 * sb0)[:, None, None] + (g[:, None] * sb1 + n64[None, :] * sb2)[None, :, :],
+                     mask=m3, other=0.0)
+        cv = tl.load((c_ptr + b64 * sc0)[:, None, None] + (g[:, None] * sc1 + n64[None, :] * sc2)[None, :, :],
+                     mask=m3, other=0.0)
+    return slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd
+
+
+@triton.jit
+def _m1_step(st_ptr, y_ptr, slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd, a, dtb, dsk, pd, d64, n64, m2, Dm,
+             ss0, ss1, ss2, sy0, sy1, dt_lo, dt_hi, lim_ptr, EVEN_D: tl.constexpr, HAS_D: tl.constexpr,
+             HAS_Z: tl.constexpr, HAS_DTB: tl.constexpr,
+             SOFTPLUS: tl.constexpr, ACC: tl.constexpr, LIM_F64: tl.constexpr, DENSE: tl.constexpr,
+             FAST: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr):
+    # update one loaded tile, write y and the state back
+    s = s.to(ACC)
+    xv = xv.to(ACC)
+    dtv = dtv.to(ACC)
+    if HAS_DTB:
+        dtv += dtb[None, :]
+    if LIM_F64:
+        if SOFTPLUS:
+            dtv = _softplus(dtv)
+        dtv = _clamp(dtv, dt_lo, dt_hi, lim_ptr, LIM_F64)
+        dA = tl.exp(dtv[:, :, None] * a[None, :, :])
+    else:  # a holds A * log2(e): exp(dt*A) = exp2(dt * a), one FMUL + one MUFU.EX2 per state element
+        if SOFTPLUS:
+            dtv = _softplus_exp2(dtv, FAST)
+        dtv = _clamp(dtv, dt_lo, dt_hi, lim_ptr, LIM_F64)
+        dA = tl.exp2(dtv[:, :, None] * a[None, :, :])
+    s = s * dA + (xv * dtv)[:, :, None] * bv.to(ACC)
+    y = tl.sum(s * cv.to(ACC), axis=2)  # (ROWS, BD)
+    if HAS_D:
+        y += dsk[None, :] * xv
+    if HAS_Z:
+        zv = zv.to(ACC)
+        if LIM_F64:
+            y = y * zv / (1.0 + tl.exp(-zv))
+        else:
+            y = y * zv / (1.0 + tl.exp2(zv * -1.4426950408889634))
+    tl.store((y_ptr + b64 * sy0)[:, None] + (d64 * sy1)[None, :], y.to(y_ptr.dtype.element_ty), mask=m_rd)
+    sptr, smask = _m1_state_ptrs(st_ptr, slot, live, pd, d64, n64, m2, Dm, ss0, ss1, ss2, BD, BN, DENSE, EVEN_D)
+    if DENSE:
+        tl.store(sptr, tl.reshape(s.to(st_ptr.dtype.element_ty), (ROWS, BD * BN)), mask=smask)
+    else:
+        tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
+
+
+@triton.jit
 def _ssu_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, dtb_ptr, idx_ptr, y_ptr,
                        Bsz, Dm, N, CPG, pad_id, dt_lo, dt_hi, lim_ptr,
                        ss0, ss1, ss2, sx0, sx1, sdt0, sdt1, sa0, sa1, sb0, sb1, sb2, sc0, sc1, sc2,
                        sd0, sz0, sz1, sy0, sy1,
-                       BD: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr, GU: tl.constexpr, HAS_D: tl.constexpr,
-                       HAS_Z: tl.constexpr, HAS_DTB: tl.constexpr, SOFTPLUS: tl.constexpr, ACC: tl.constexpr,
-                       LIM_F64: tl.constexpr):
-    # one program: ROWS batch rows x BD channels (A, D and dt_bias are loaded once for all rows)
-    pid_b = tl.program_id(0).to(tl.int64)
-    pd = tl.program_id(1)
-    d = pd.to(tl.int64) * BD + tl.arange(0, BD).to(tl.int64)
-    n = tl.arange(0, BN).to(tl.int64)
-    dm = d < Dm
-    nm = n < N
-    g = d // CPG
-    m2 = dm[:, None] & nm[None, :]
-    a = tl.load(a_ptr + d[:, None] * sa0 + n[None, :] * sa1, mask=m2, other=0.0).to(ACC)
+                       BD: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, GU: tl.constexpr,
+                       HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DTB: tl.constexpr, SOFTPLUS: tl.constexpr,
+                       ACC: tl.constexpr, LIM_F64: tl.constexpr, DFIRST: tl.constexpr, DENSE: tl.constexpr,
+                       FAST: tl.constexpr, EVEN_B: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr):
+    # one program: BD channels x TILES*ROWS batch rows, as TILES (ROWS, BD, BN) tiles. A tile's state is loaded
+    # and stored as one block (a contiguous BD*N run per row in a dense pool: 16-byte vectors); with TILES > 1
+    # the program loops over its tiles, issuing tile t+1's loads before tile t is updated and stored. A, D and
+    # dt_bias are loaded once per program.
+    if DFIRST:  # consecutive programs: consecutive channel blocks of the same rows
+        pd = tl.program_id(0)
+        pid_b = tl.program_id(1)
+    else:
+        pid_b = tl.program_id(0)
+        pd = tl.program_id(1)
+    # channel / row / state indices fit int32; int64 only where they scale a stride (per row or channel vectors)
+    d = pd * BD + tl.arange(0, BD)  # (BD,)
+    n = tl.arange(0, BN)  # (BN,)
+    d64 = d.to(tl.int64)
+    n64 = n.to(tl.int64)
+    if EVEN_D:  # constant-true masks fold away
+        dm = tl.full((BD,), 1, tl.int1)
+    else:
+        dm = d < Dm
+    if EVEN_N:
+        nm = tl.full((BN,), 1, tl.int1)
+    else:
+        nm = n < N
+    m2 = dm[:, None] & nm[None, :]  # (BD, BN)
+    g0 = (pd * BD) // CPG
+    g = (d // CPG).to(tl.int64)
+    b_lo = pid_b * (ROWS * TILES)
+    b_hi = tl.minimum(b_lo + ROWS * TILES, Bsz)
+    b = b_lo + tl.arange(0, ROWS)  # (ROWS,)
+    slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd = _m1_load(
+        st_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, idx_ptr, b, b_hi, pd, d64, n64, dm, nm, m2, g0, g,
+        Dm, pad_id, ss0, ss1, ss2, sx0, sx1, sdt0, sdt1, sb0, sb1, sb2, sc0, sc1, sc2, sz0, sz1,
+        BD, BN, ROWS, GU, HAS_Z, DENSE, EVEN_B, EVEN_D)
+    a = tl.load(a_ptr + d64[:, None] * sa0 + n64[None, :] * sa1, mask=m2, other=0.0).to(ACC)
+    if not LIM_F64:
+        a = a * 1.4426950408889634
     if HAS_DTB:
-        dtb = tl.load(dtb_ptr + d, mask=dm, other=0.0).to(ACC)
+        dtb = tl.load(dtb_ptr + d64, mask=dm, other=0.0).to(ACC)
+    else:
+        dtb = tl.zeros((BD,), ACC)
     if HAS_D:
-        dsk = tl.load(d_ptr + d * sd0, mask=dm, other=0.0).to(ACC)
-    for r in tl.static_range(ROWS):
-        b = pid_b * ROWS + r
-        rowm = dm & ((d * 0 + b) < Bsz)  # vectors, not scalars (interpreter: vector & scalar bools)
-        bq = tl.minimum(b, Bsz - 1)
-        slot = tl.load(idx_ptr + bq).to(tl.int64)
-        live = rowm & ((d * 0 + slot) != pad_id)
-        slot = tl.where(slot != pad_id, slot, 0)
-        sptr = st_ptr + slot * ss0 + d[:, None] * ss1 + n[None, :] * ss2
-        smask = live[:, None] & nm[None, :]
-        s = tl.load(sptr, mask=smask, other=0.0).to(ACC)
-        xv = tl.load(x_ptr + bq * sx0 + d * sx1, mask=dm, other=0.0).to(ACC)
-        dtv = tl.load(dt_ptr + bq * sdt0 + d * sdt1, mask=dm, other=0.0).to(ACC)
-        if HAS_DTB:
-            dtv += dtb
-        if SOFTPLUS:
-            dtv = _softplus(dtv)
-        dtv = _clamp(dtv, dt_lo, dt_hi, lim_ptr, LIM_F64)
-        if GU:  # all channels of the block read one group: load the B/C rows as N-vectors
-            g0 = (pd.to(tl.int64) * BD) // CPG
-            bv = tl.load(b_ptr + bq * sb0 + g0 * sb1 + n * sb2, mask=nm, other=0.0).to(ACC)[None, :]
-            cv = tl.load(c_ptr + bq * sc0 + g0 * sc1 + n * sc2, mask=nm, other=0.0).to(ACC)[None, :]
-        else:
-            bv = tl.load(b_ptr + bq * sb0 + g[:, None] * sb1 + n[None, :] * sb2, mask=m2, other=0.0).to(ACC)
-            cv = tl.load(c_ptr + bq * sc0 + g[:, None] * sc1 + n[None, :] * sc2, mask=m2, other=0.0).to(ACC)
-        s = s * tl.exp(dtv[:, None] * a) + (xv * dtv)[:, None] * bv
-        y = tl.sum(s * cv, axis=1)
-        if HAS_D:
-            y += dsk * xv
-        if HAS_Z:
-            zv = tl.load(z_ptr + bq * sz0 + d * sz1, mask=dm, other=0.0).to(ACC)
-            y = y * zv / (1.0 + tl.exp(-zv))
-        tl.store(y_ptr + bq * sy0 + d * sy1, y.to(y_ptr.dtype.element_ty), mask=rowm)
-        tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
+        dsk = tl.load(d_ptr + d64 * sd0, mask=dm, other=0.0).to(ACC)
+    else:
+        dsk = tl.zeros((BD,), ACC)
+    if TILES == 1:
+        _m1_step(st_ptr, y_ptr, slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd, a, dtb, dsk, pd, d64, n64, m2, Dm,
+                 ss0, ss1, ss2, sy0, sy1, dt_lo, dt_hi, lim_ptr, EVEN_D, HAS_D, HAS_Z, HAS_DTB, SOFTPLUS, ACC,
+                 LIM_F64, DENSE, FAST, ROWS, BD, BN)
+    else:
+        for t in range(TILES):  # a loop (not unrolled): registers for one tile in flight plus one being updated
+            n_slot, n_live, n_s, n_xv, n_dtv, n_zv, n_bv, n_cv, n_b64, n_m_rd = _m1_load(
+                st_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, idx_ptr, b + (t + 1) * ROWS, b_hi, pd, d64, n64, dm,
+                nm, m2, g0, g, Dm, pad_id, ss0, ss1, ss2, sx0, sx1, sdt0, sdt1, sb0, sb1, sb2, sc0, sc1, sc2,
+                sz0, sz1, BD, BN, ROWS, GU, HAS_Z, DENSE, False, EVEN_D)  # the last prefetch is all masked off
+            _m1_step(st_ptr, y_ptr, slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd, a, dtb, dsk, pd, d64, n64, m2,
+                     Dm, ss0, ss1, ss2, sy0, sy1, dt_lo, dt_hi, lim_ptr, EVEN_D, HAS_D, HAS_Z, HAS_DTB, SOFTPLUS,
+                     ACC, LIM_F64, DENSE, FAST, ROWS, BD, BN)
+            slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd = (n_slot, n_live, n_s, n_xv, n_dtv, n_zv, n_bv,
+                                                             n_cv, n_b64, n_m_rd)
 
 
 def _acc(*ts):
@@ -176,11 +305,18 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
             _, Bsz, Dm, N, G = layout
             BN = next_power_of_2(N)
             BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["m1_bd"])
-            rows = 2 if interp else CONFIG["m1_rows"]
-            _ssu_mamba1_kernel[(cdiv(Bsz, rows), cdiv(Dm, BD))](
+            rows = min(next_power_of_2(Bsz), 2 if interp else CONFIG["m1_rows"])
+            tiles = max(1, min(cdiv(Bsz, rows), 2 if interp else CONFIG["m1_tiles"]))
+            nb, nd = cdiv(Bsz, rows * tiles), cdiv(Dm, BD)
+            dfirst = bool(CONFIG["m1_dfirst"]) and nb <= 65535  # grid dims 1, 2 are limited to 65535
+            _ssu_mamba1_kernel[(nd, nb) if dfirst else (nb, nd)](
                 state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
                 Bsz, Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
                 _s(D, 0), _s(z, 0), _s(z, 1), *y.stride(),
-                BD=BD, BN=BN, ROWS=rows, GU=(Dm // G) % BD == 0, num_warps=1 if interp else CONFIG["m1_warps"], **common)
+                BD=BD, BN=BN, ROWS=rows, TILES=tiles, GU=(Dm // G) % BD == 0, DFIRST=dfirst,
+                DENSE=N == BN and state.stride(2) == 1 and state.stride(1) == N,
+                FAST=not interp and x.is_cuda and torch.version.hip is None and acc == tl.float32,
+                EVEN_B=tiles == 1 and Bsz % rows == 0, EVEN_D=Dm % BD == 0, EVEN_N=N == BN,
+                num_warps=1 if interp else CONFIG["m1_warps"], **common)
     return y
