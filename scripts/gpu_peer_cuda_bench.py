@@ -29,6 +29,20 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.2, 0.5, 0.8])
 
 
+def bench_graph(fn):
+    """GPU time only: replays of a CUDA graph of the call (no Python or launch overhead on either side)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=100, quantiles=[0.2, 0.5, 0.8])
+
+
+def both(op, shape, impl, nbytes, fn, peer=False):
+    """Eager (do_bench, host launch cost included) and CUDA-graph timings of one case."""
+    emit(op, shape, impl, nbytes, bench(fn), peer=peer)
+    try:
+        emit(op, shape, impl + "-graph", nbytes, bench_graph(fn), peer=peer)
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured still has its eager figure
+        emit(op, shape, impl + "-graph", nbytes, error=f"{type(e).__name__}: {e}"[:200], peer=peer)
+
+
 def emit(op, shape, impl, nbytes, q=None, error=None, peer=False):
     r = dict(op=op, shape=shape, impl=impl, peer=peer, bytes=nbytes)
     if q is not None:
@@ -83,15 +97,15 @@ for L in ((1024, 4096, 16384) if "scan" in ONLY else ()):
     shape = {"D": Dm, "N": N, "L": L}
     f = T.ops["selective_scan_varlen"]
     with no_index_checks():
-        q = bench(lambda: f(u, delta, A, B, C, Dv, z, db, pool, qsl, ci, hi, delta_softplus=True, out=out))
-    emit("selective_scan_varlen", shape, "triton", nbytes, q)
+        both("selective_scan_varlen", shape, "triton", nbytes,
+             lambda: f(u, delta, A, B, C, Dv, z, db, pool, qsl, ci, hi, delta_softplus=True, out=out))
     if selective_scan_fn is None:
         emit("selective_scan_varlen", shape, "mamba_ssm_cuda", nbytes, error=ss_err, peer=True)
     else:
         u3, d3, z3 = (t.t().contiguous().unsqueeze(0) for t in (u, delta, z))
         B3, C3 = (t[:, 0].t().contiguous().unsqueeze(0) for t in (B, C))
-        q = bench(lambda: selective_scan_fn(u3, d3, A, B3, C3, Dv, z3, db, True, True))
-        emit("selective_scan_varlen", shape, "mamba_ssm_cuda", nbytes, q, peer=True)
+        both("selective_scan_varlen", shape, "mamba_ssm_cuda", nbytes,
+             lambda: selective_scan_fn(u3, d3, A, B3, C3, Dv, z3, db, True, True), peer=True)
     del u, delta, z, B, C, out
 
 D, K = 10240, 4
@@ -108,14 +122,14 @@ for L in ((4096, 16384) if "conv" in ONLY else ()):
     shape = {"D": D, "K": K, "L": L}
     f = T.ops["causal_conv1d_varlen"]
     with no_index_checks():
-        q = bench(lambda: f(x, w, bias, cs, qsl, ci, hi, activation="silu", out=out))
-    emit("causal_conv1d_varlen", shape, "triton", nbytes, q)
+        both("causal_conv1d_varlen", shape, "triton", nbytes,
+             lambda: f(x, w, bias, cs, qsl, ci, hi, activation="silu", out=out))
     if cc is None:
         emit("causal_conv1d_varlen", shape, "causal_conv1d_cuda", nbytes, error=cc_err, peer=True)
     else:
         x3 = x.t().contiguous().unsqueeze(0)
-        q = bench(lambda: cc.causal_conv1d_fn(x3, w, bias, activation="silu"))
-        emit("causal_conv1d_varlen", shape, "causal_conv1d_cuda", nbytes, q, peer=True)
+        both("causal_conv1d_varlen", shape, "causal_conv1d_cuda", nbytes,
+             lambda: cc.causal_conv1d_fn(x3, w, bias, activation="silu"), peer=True)
     del x, out
 
 if "conv_update" in ONLY:
@@ -128,14 +142,13 @@ if "conv_update" in ONLY:
     shape = {"D": D, "K": K, "batch": Bsz}
     f = T.ops["causal_conv1d_update"]
     with no_index_checks():
-        q = bench(lambda: f(x, pool, w, bias, idx, activation="silu", out=out))
-    emit("causal_conv1d_update", shape, "triton", nbytes, q)
+        both("causal_conv1d_update", shape, "triton", nbytes, lambda: f(x, pool, w, bias, idx, activation="silu", out=out))
     if cc is None:
         emit("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes, error=cc_err, peer=True)
     else:
         st = pool[1:].clone()
-        q = bench(lambda: cc.causal_conv1d_update(x, st, w, bias, "silu"))
-        emit("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes, q, peer=True)
+        both("causal_conv1d_update", shape, "causal_conv1d_cuda", nbytes,
+             lambda: cc.causal_conv1d_update(x, st, w, bias, "silu"), peer=True)
 
 env = environment("cuda")
 with open(out_path, "w") as fh:

@@ -28,9 +28,10 @@ from harness import ops as C
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, exp2_fast, index_type, interpreting,
                                           next_power_of_2, silu_fast, softplus_fast)
 
-# Launch parameters. chunk: tokens per program (0: single pass when the sequences x channel blocks give
-# at least `programs` programs, else pieces sized to give about that many).
-CONFIG = launch_config("selective_scan", {"bd": 16, "warps": 1, "chunk": 0, "programs": 1024, "pf": 4,
+# Launch parameters (H200 sweeps of scripts/gpu_ops_bench.py, session 2: best of 36 at D=8192 N=16 L=4096).
+# chunk: tokens per program (0: single pass when the sequences x channel blocks give at least `programs`
+# programs, else pieces sized to give about that many).
+CONFIG = launch_config("selective_scan", {"bd": 32, "warps": 1, "chunk": 256, "programs": 1024, "pf": 2,
                                           "dfirst": False})
 
 LOG2E = 1.4426950408889634
@@ -81,11 +82,10 @@ def _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t, t1, uo, lo, bo, co, zo, dm, n, nm
 
 
 @triton.jit
-def _prep(a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
           SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
-    """Everything of one token that does not depend on the state: dA = 2**(dt A log2 e), x = dt u B, C, the
-    D skip term and the SiLU(z) gate. Where `ok` is false (a token past the piece's end) dt is 0, so dA = 1
-    and x = 0: the update leaves the state unchanged."""
+    """One token: returns the new state, dt (for sum dt) and y (unused when NEED_Y is off). Where `ok` is
+    false (a token past the piece's end) dt is 0, so the state is unchanged."""
     dtv = dv.to(ACC)
     if HAS_DB:
         dtv += dbias
@@ -93,44 +93,36 @@ def _prep(a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: tl.
         dtv = softplus_fast(dtv, FAST)
     dtv = tl.where(ok, dtv, 0.0)
     uf = uv.to(ACC)
-    da = exp2_fast(dtv[None, :] * a2, FAST)
-    xb = (dtv * uf)[None, :] * bv.to(ACC)
-    skip = dtv * 0.0
-    gate = skip + 1.0
+    h = exp2_fast(dtv[None, :] * a2, FAST) * h + (dtv * uf)[None, :] * bv.to(ACC)
     if NEED_Y:
-        cf = cv.to(ACC)
+        y = tl.sum(h * cv.to(ACC), axis=0)
         if HAS_D:
-            skip = dskip * uf
+            y += dskip * uf
         if HAS_Z:
-            gate = silu_fast(zv.to(ACC), FAST)
+            y = y * silu_fast(zv.to(ACC), FAST)
     else:
-        cf = xb
-    return da, xb, cf, skip, gate, dtv
+        y = dtv
+    return h, dtv, y
 
 
 @triton.jit
-def _sub(h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1,
-         PF: tl.constexpr, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd,
-         su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BD: tl.constexpr, GU: tl.constexpr, FAST: tl.constexpr,
-         ACC: tl.constexpr, HAS_DB: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-         NEED_Y: tl.constexpr):
-    """Token tt from its prepared values (da, xb, ...; a no-op past t1), then token tt + 1 prepared from its
-    slot (uv, ...) and that slot refilled with token tt + 1 + PF. The state chain of a token waits only on the
-    previous token's update: its exponentials were computed one token earlier. y of the token before tt is
-    stored now (one step late, so the store does not wait on this token's reduction)."""
-    h = da * h + xb
+def _sub(h, ypend, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF: tl.constexpr, u_ptr, dl_ptr, b_ptr,
+         c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+         BD: tl.constexpr, GU: tl.constexpr, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+         SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
+    """Token tt (a no-op past t1) from its slot, then the slot refilled with token tt + PF; y of the token
+    before tt is stored now (one step late, so the store does not wait on this token's reduction)."""
+    ok = (zd + tt) < t1
+    h, dtv, y = _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+    uv, dv, bv, cv, zv = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tt + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                             su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
     if NEED_Y:
-        y = (tl.sum(h * cf, axis=0) + skip) * gate
         tl.store(y_ptr + (tt - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
                  mask=dm & ((zd + tt) > t0) & ((zd + tt) <= t1))
-        ypend = tl.where((zd + tt) < t1, y, ypend)
+        ypend = tl.where(ok, y, ypend)
     else:
         sdt += dtv
-    da, xb, cf, skip, gate, dtv = _prep(a2, uv, dv, bv, cv, zv, dbias, dskip, (zd + tt + 1) < t1, FAST, ACC,
-                                        HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-    uv, dv, bv, cv, zv = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tt + 1 + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                             su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-    return h, ypend, sdt, da, xb, cf, skip, gate, dtv, uv, dv, bv, cv, zv
+    return h, ypend, sdt, uv, dv, bv, cv, zv
 
 
 @triton.jit
@@ -226,90 +218,40 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
     yo = d * sy1
     ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
-    # token t0 prepared from slot 0, which is then refilled with token t0 + PF (slot i: tokens = i mod PF)
-    da, xb, cf, skip, gate, dtv = _prep(a2, u0, d0, b0, c0, z0, dbias, dskip, (zd + t0) < t1, FAST, ACC, HAS_DB,
-                                        SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-    u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                             su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
     for tb in range(t0, t1, PF):
-        # sub-step i applies token tb + i and prepares token tb + i + 1 from slot (i + 1) mod PF
-        if PF == 1:
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u0, d0, b0, c0, z0 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u0, d0, b0, c0, z0,
-                tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+        h, ypend, sdt, u0, d0, b0, c0, z0 = _sub(
+            h, ypend, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr,
+            y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+            BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+        if PF >= 2:
+            h, ypend, sdt, u1, d1, b1, c1, z1 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-        elif PF == 2:
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u1, d1, b1, c1, z1 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u1, d1, b1, c1, z1,
-                tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+        if PF >= 4:
+            h, ypend, sdt, u2, d2, b2, c2, z2 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u0, d0, b0, c0, z0 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u0, d0, b0, c0, z0,
-                tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+            h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-        elif PF == 4:
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u1, d1, b1, c1, z1 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u1, d1, b1, c1, z1,
-                tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+        if PF >= 8:
+            h, ypend, sdt, u4, d4, b4, c4, z4 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u4, d4, b4, c4, z4, tb + 4, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u2, d2, b2, c2, z2 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u2, d2, b2, c2, z2,
-                tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+            h, ypend, sdt, u5, d5, b5, c5, z5 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u5, d5, b5, c5, z5, tb + 5, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u3, d3, b3, c3, z3 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u3, d3, b3, c3, z3,
-                tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+            h, ypend, sdt, u6, d6, b6, c6, z6 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u6, d6, b6, c6, z6, tb + 6, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u0, d0, b0, c0, z0 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u0, d0, b0, c0, z0,
-                tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-        else:
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u1, d1, b1, c1, z1 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u1, d1, b1, c1, z1,
-                tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u2, d2, b2, c2, z2 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u2, d2, b2, c2, z2,
-                tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u3, d3, b3, c3, z3 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u3, d3, b3, c3, z3,
-                tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u4, d4, b4, c4, z4 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u4, d4, b4, c4, z4,
-                tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u5, d5, b5, c5, z5 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u5, d5, b5, c5, z5,
-                tb + 4, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u6, d6, b6, c6, z6 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u6, d6, b6, c6, z6,
-                tb + 5, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u7, d7, b7, c7, z7 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u7, d7, b7, c7, z7,
-                tb + 6, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, da, xb, cf, skip, gate, dtv, u0, d0, b0, c0, z0 = _sub(
-                h, ypend, sdt, da, xb, cf, skip, gate, dtv, a2, dbias, dskip, u0, d0, b0, c0, z0,
-                tb + 7, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
+            h, ypend, sdt, u7, d7, b7, c7, z7 = _sub(
+                h, ypend, sdt, a2, dbias, dskip, u7, d7, b7, c7, z7, tb + 7, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     if NEED_Y:  # the last token's y (the loop stored up to the token before it)
