@@ -108,17 +108,26 @@ def stage_fns(L, inp):
 
 
 SWEEPS = {
-    "chunk_scan": [dict(block_m=m, block_p=p, block_k=k, block_n=n, num_warps=w, num_stages=s)
-                   for (m, p, k, n, w, s) in ((64, 64, 64, 64, 4, 3), (128, 64, 64, 64, 4, 3), (64, 64, 32, 128, 4, 3),
-                                              (128, 64, 32, 128, 8, 3), (64, 32, 64, 128, 4, 2), (128, 32, 64, 64, 4, 2),
-                                              (64, 64, 64, 128, 4, 2), (128, 64, 64, 128, 8, 2), (64, 64, 64, 64, 8, 4))],
-    "chunk_state": [dict(block_p=bp, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-                    for (bp, bn, bk, w, s) in ((64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 32, 8, 3),
-                                               (32, 128, 64, 4, 3), (64, 64, 32, 4, 4), (64, 128, 64, 8, 2))],
-    "state_passing": [dict(block=b, num_warps=w) for (b, w) in ((256, 2), (512, 4), (1024, 8), (2048, 8), (256, 4))],
+    # chunk_scan is timed here on the CB-reading path (stage_fns passes ssd_bmm's cb); ssd_varlen with
+    # TUNING["fused_cb"] (the default for half types) runs the same kernel forming CB in place.
+    "chunk_scan": [dict(block_m=m, block_p=64, block_k=k, block_n=64, heads=hb, num_warps=w, num_stages=s, maxnreg=r,
+                        early_epilogue=e)
+                   for (m, k, hb, w, s, r, e) in ((128, 64, 1, 8, 2, 128, False), (128, 64, 1, 8, 2, None, False),
+                                                  (128, 32, 1, 8, 3, 128, False), (128, 64, 1, 8, 3, 128, False),
+                                                  (128, 64, 1, 8, 2, 128, True), (64, 64, 1, 4, 2, None, False),
+                                                  (64, 32, 1, 4, 2, 128, False), (64, 64, 1, 8, 2, 128, False),
+                                                  (128, 64, 2, 8, 2, None, False), (64, 64, 2, 4, 2, None, False))],
+    "chunk_state": [dict(block_p=bp, block_n=bn, block_k=bk, heads=hb, num_warps=w, num_stages=s, maxnreg=r)
+                    for (bp, bn, bk, hb, w, s, r) in ((64, 128, 64, 2, 8, 2, 128), (64, 128, 64, 1, 8, 2, None),
+                                                      (64, 128, 32, 2, 8, 3, 128), (64, 128, 64, 2, 8, 3, 128),
+                                                      (64, 128, 64, 4, 8, 2, None), (64, 128, 32, 4, 8, 2, None),
+                                                      (64, 64, 64, 2, 4, 2, None), (64, 128, 64, 1, 4, 2, None))],
+    "state_passing": [dict(block=b, block_c=bc, num_warps=w)
+                      for (b, bc, w) in ((1024, 8, 4), (512, 8, 2), (2048, 8, 8), (1024, 16, 4), (512, 16, 2),
+                                         (1024, 4, 4), (256, 8, 1))],
     "bmm": [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
             for (m, n, k, w, s) in ((128, 128, 32, 8, 3), (128, 64, 64, 4, 3), (64, 64, 128, 4, 2))],
-    "cumsum": [dict(block_h=bh, num_warps=w) for (bh, w) in ((4, 4), (16, 8))],
+    "cumsum": [dict(block_h=bh, num_warps=w) for (bh, w) in ((8, 4), (16, 4), (32, 8), (4, 2))],
 }
 
 

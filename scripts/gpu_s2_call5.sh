@@ -21,9 +21,8 @@ timeout ${OPS_S:-120} python3 -m pytest suites/ops/test_ops_selective_scan.py su
 el "ops rc=$?"
 grep -E "^E  |FAILED|passed|failed|rror" $OUTD/ops-pytest.txt | grep -v "^E   *'" | head -20 >> $LOG
 echo "== ssd next to mamba_ssm" >> $LOG
-timeout ${SSD_S:-70} python3 scripts/bench_ssd.py $OUTD/ssd-bench.jsonl > /dev/null 2>&1
+timeout ${SSD_S:-80} python3 scripts/ssd_variants.py $OUTD/ssd-variants.jsonl >> $LOG 2>&1
 el "ssd rc=$?"
-grep '"timing"\|"agree"\|error' $OUTD/ssd-bench.jsonl | cut -c1-300 >> $LOG
 echo "== peer CUDA side by side" >> $LOG
 timeout ${PEER_S:-90} python3 scripts/gpu_peer_cuda_bench.py $OUTD/peer-cuda.jsonl >> $LOG 2>&1
 el "peer rc=$?"

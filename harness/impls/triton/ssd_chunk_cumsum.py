@@ -25,7 +25,7 @@ import triton.language as tl
 
 from harness.impls.triton._common import cdiv, next_power_of_2
 
-__all__ = ["chunk_table_size", "split_limit", "ssd_chunk_cumsum"]
+__all__ = ["chunk_front", "chunk_table_size", "front_args", "front_buffers", "split_limit", "ssd_chunk_cumsum"]
 
 
 @triton.jit
@@ -37,14 +37,15 @@ def softplus_exact(v):
 
 
 @triton.jit
-def _chunk_cumsum_kernel(dt_ptr, bias_ptr, A_ptr, qsl_ptr, dt_out_ptr, dA_ptr,
-                         chunk_seq_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr,
-                         H, S, chunk_size, lo_hi, lo_lo, hi_hi, hi_lo,
-                         stride_dt_t, stride_dt_h, stride_o_h, stride_o_c,
-                         CD: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                         BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr):
-    c = tl.program_id(0)
-    pid_h = tl.program_id(1)
+def chunk_front(c, offs_h, write_table, dt_ptr, bias_ptr, A_ptr, qsl_ptr, dt_out_ptr, dA_ptr,
+                chunk_seq_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr,
+                H, S, chunk_size, lo_hi, lo_lo, hi_hi, hi_lo,
+                stride_dt_t, stride_dt_h, stride_o_h, stride_o_c,
+                CD: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Chunk slot c: its table entry (stored when `write_table`), dt and dA_cs of heads `offs_h`
+    (stored); returns (start, length) of the chunk (length 0 for an unused slot). Shared by the
+    cumsum kernel and the fused front of ssd_chunk_state."""
     # Which sequence owns chunk slot c: the number of sequences whose chunks all lie before c.
     seq = tl.zeros((), dtype=tl.int32)
     before = tl.zeros((), dtype=tl.int64)
@@ -66,13 +67,11 @@ def _chunk_cumsum_kernel(dt_ptr, bias_ptr, A_ptr, qsl_ptr, dt_out_ptr, dA_ptr,
     q1 = tl.load(qsl_ptr + seq + 1, mask=valid, other=0).to(tl.int64)
     start = q0 + k * chunk_size
     length = tl.where(valid, tl.minimum(q1 - start, chunk_size), 0)
-    first_h = pid_h == 0
-    tl.store(chunk_seq_ptr + c, tl.where(valid, seq, -1).to(tl.int32), mask=first_h)
-    tl.store(chunk_start_ptr + c, tl.where(valid, start, 0).to(tl.int32), mask=first_h)
-    tl.store(chunk_len_ptr + c, length.to(tl.int32), mask=first_h)
-    tl.store(seq_first_ptr + seq, c.to(tl.int32), mask=first_h & valid & (k == 0))
+    tl.store(chunk_seq_ptr + c, tl.where(valid, seq, -1).to(tl.int32), mask=write_table)
+    tl.store(chunk_start_ptr + c, tl.where(valid, start, 0).to(tl.int32), mask=write_table)
+    tl.store(chunk_len_ptr + c, length.to(tl.int32), mask=write_table)
+    tl.store(seq_first_ptr + seq, c.to(tl.int32), mask=write_table & valid & (k == 0))
 
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_l = tl.arange(0, BLOCK_L)
     mh = offs_h < H
     ml = offs_l < length
@@ -96,6 +95,22 @@ def _chunk_cumsum_kernel(dt_ptr, bias_ptr, A_ptr, qsl_ptr, dt_out_ptr, dA_ptr,
     mfull = (offs_l < chunk_size)[:, None] & mh[None, :]
     tl.store(dt_out_ptr + o, d, mask=mfull)
     tl.store(dA_ptr + o, dA, mask=mfull)
+    return start, length
+
+
+@triton.jit
+def _chunk_cumsum_kernel(dt_ptr, bias_ptr, A_ptr, qsl_ptr, dt_out_ptr, dA_ptr,
+                         chunk_seq_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr,
+                         H, S, chunk_size, lo_hi, lo_lo, hi_hi, hi_lo,
+                         stride_dt_t, stride_dt_h, stride_o_h, stride_o_c,
+                         CD: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                         BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr):
+    c = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    chunk_front(c, pid_h * BLOCK_H + tl.arange(0, BLOCK_H), pid_h == 0, dt_ptr, bias_ptr, A_ptr, qsl_ptr,
+                dt_out_ptr, dA_ptr, chunk_seq_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr,
+                H, S, chunk_size, lo_hi, lo_lo, hi_hi, hi_lo, stride_dt_t, stride_dt_h, stride_o_h, stride_o_c,
+                CD, HAS_BIAS, SOFTPLUS, BLOCK_S, BLOCK_L)
 
 
 def chunk_table_size(num_tokens: int, num_seqs: int, chunk_size: int) -> int:
@@ -111,6 +126,33 @@ def split_limit(v: float) -> tuple[float, float]:
     return hi, float(v - hi)
 
 
+def front_buffers(dt, query_start_loc, chunk_size: int, compute_dtype, num_chunks=None):
+    """(dt_out, dA_cs, chunk_seq, chunk_start, chunk_len, seq_first) allocated for the stage's outputs."""
+    T, H = dt.shape
+    S = query_start_loc.numel() - 1
+    NC = num_chunks if num_chunks is not None else chunk_table_size(T, S, chunk_size)
+    dev = dt.device
+    meta = torch.empty(3 * NC + max(S, 1), dtype=torch.int32, device=dev)
+    dtA = torch.empty((2, H, NC, chunk_size), dtype=compute_dtype, device=dev)
+    return dtA[0], dtA[1], meta[:NC], meta[NC:2 * NC], meta[2 * NC:3 * NC], meta[3 * NC:3 * NC + S]
+
+
+def front_args(dt, dt_bias, A, query_start_loc, chunk_size: int, bufs, dt_softplus, dt_limit, compute_dtype):
+    """(positional args, constexpr kwargs) of `chunk_front` for the buffers `bufs` (front_buffers)."""
+    dt_out, dA, chunk_seq, chunk_start, chunk_len, seq_first = bufs
+    S = query_start_loc.numel() - 1
+    lo_hi, lo_lo = split_limit(float(dt_limit[0]))
+    hi_hi, hi_lo = split_limit(float(dt_limit[1]))
+    args = (dt, dt_bias if dt_bias is not None else dt, A, query_start_loc, dt_out, dA,
+            chunk_seq, chunk_start, chunk_len, seq_first,
+            dt.shape[1], S, chunk_size, lo_hi, lo_lo, hi_hi, hi_lo,
+            dt.stride(0), dt.stride(1), dt_out.stride(0), dt_out.stride(1))
+    consts = dict(CD=tl.float64 if compute_dtype == torch.float64 else tl.float32, HAS_BIAS=dt_bias is not None,
+                  SOFTPLUS=bool(dt_softplus), BLOCK_S=max(16, min(256, next_power_of_2(S))),
+                  BLOCK_L=max(16, next_power_of_2(chunk_size)))
+    return args, consts
+
+
 def ssd_chunk_cumsum(dt, A, dt_bias, query_start_loc, chunk_size: int, *, dt_softplus=True,
                      dt_limit=(0.0, math.inf), compute_dtype=torch.float32, num_chunks=None,
                      block_h=None, num_warps=4):
@@ -119,31 +161,16 @@ def ssd_chunk_cumsum(dt, A, dt_bias, query_start_loc, chunk_size: int, *, dt_sof
     dt_out, dA_cs: (H, NC, chunk_size) in `compute_dtype`; past a chunk's length dt_out is 0 and dA_cs
     holds the chunk's total, so dA_cs[:, c, -1] is chunk c's decay exponent (0 for unused slots);
     chunk_* (NC,) int32; seq_first (S,) int32. NC = `num_chunks` or chunk_table_size(T, S, cs).
+    (ssd_varlen runs this stage inside ssd_chunk_state's launch, see ssd_chunk_state(front=...).)
     """
-    T, H = dt.shape
-    S = query_start_loc.numel() - 1
-    NC = num_chunks if num_chunks is not None else chunk_table_size(T, S, chunk_size)
-    dev = dt.device
-    meta = torch.empty(3 * NC + max(S, 1), dtype=torch.int32, device=dev)
-    chunk_seq, chunk_start, chunk_len = meta[:NC], meta[NC:2 * NC], meta[2 * NC:3 * NC]
-    seq_first = meta[3 * NC:3 * NC + S]
-    dt_out = torch.empty((H, NC, chunk_size), dtype=compute_dtype, device=dev)
-    dA = torch.empty((H, NC, chunk_size), dtype=compute_dtype, device=dev)
+    bufs = front_buffers(dt, query_start_loc, chunk_size, compute_dtype, num_chunks)
+    NC = bufs[2].numel()
     if NC == 0:
-        return dt_out, dA, chunk_seq, chunk_start, chunk_len, seq_first
-    BLOCK_L = max(16, next_power_of_2(chunk_size))
+        return bufs
+    H = dt.shape[1]
+    args, consts = front_args(dt, dt_bias, A, query_start_loc, chunk_size, bufs, dt_softplus, dt_limit,
+                              compute_dtype)
     if block_h is None:
-        block_h = max(1, min(next_power_of_2(H), max(1, 2048 // BLOCK_L)))
-    BLOCK_S = max(16, min(256, next_power_of_2(S)))
-    lo_hi, lo_lo = split_limit(float(dt_limit[0]))
-    hi_hi, hi_lo = split_limit(float(dt_limit[1]))
-    CD = tl.float64 if compute_dtype == torch.float64 else tl.float32
-    grid = (NC, cdiv(H, block_h))
-    _chunk_cumsum_kernel[grid](
-        dt, dt_bias if dt_bias is not None else dt, A, query_start_loc, dt_out, dA,
-        chunk_seq, chunk_start, chunk_len, seq_first,
-        H, S, chunk_size, lo_hi, lo_lo, hi_hi, hi_lo,
-        dt.stride(0), dt.stride(1), dt_out.stride(0), dt_out.stride(1),
-        CD=CD, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
-        BLOCK_S=BLOCK_S, BLOCK_H=block_h, BLOCK_L=BLOCK_L, num_warps=num_warps)
-    return dt_out, dA, chunk_seq, chunk_start, chunk_len, seq_first
+        block_h = max(1, min(next_power_of_2(H), max(1, 2048 // consts["BLOCK_L"])))
+    _chunk_cumsum_kernel[(NC, cdiv(H, block_h))](*args, **consts, BLOCK_H=block_h, num_warps=num_warps)
+    return bufs

@@ -10,6 +10,11 @@ page-major views work). A sequence without tokens writes its initial state (or z
 
 Each sequence walks its own chunks (seq_first[s] .. + ceil(len/cs)), so the reset at a sequence start
 is structural: no chunk mixes two sequences and no state leaks from one request to the next.
+
+The walk takes BLOCK_C chunks at a time: their states and decays are loaded as one [BLOCK_C, BLOCK]
+tile (all loads in flight together, instead of one dependent load per chunk), the recurrence over the
+tile is an associative scan of (a, s) pairs with (a1, s1).(a2, s2) = (a1 a2, a2 s1 + s2) (the carried
+state folded into the first row), and row r of the result is stored as prev_states of chunk r + 1.
 """
 from __future__ import annotations
 
@@ -23,13 +28,19 @@ __all__ = ["ssd_state_passing"]
 
 
 @triton.jit
+def _combine(a1, s1, a2, s2):
+    """(a1, s1) then (a2, s2) of h <- a * h + s."""
+    return a1 * a2, a2 * s1 + s2
+
+
+@triton.jit
 def _state_passing_kernel(states_ptr, dA_ptr, chunk_len_ptr, seq_first_ptr, qsl_ptr, pool_ptr,
                           cache_idx_ptr, has_init_ptr, prev_ptr,
                           P, N, chunk_size, pad_slot_id,
                           stride_s_c, stride_s_h, stride_d_h, stride_d_c,
                           stride_pool_slot, stride_pool_h, stride_pool_p, stride_pool_n,
                           stride_prev_c, stride_prev_h,
-                          CD: tl.constexpr, BLOCK: tl.constexpr):
+                          CD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
     s = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     pid = tl.program_id(2)
@@ -48,26 +59,43 @@ def _state_passing_kernel(states_ptr, dA_ptr, chunk_len_ptr, seq_first_ptr, qsl_
     pool_off = slot * stride_pool_slot + h * stride_pool_h + p * stride_pool_p + n * stride_pool_n
     st = tl.load(pool_ptr + pool_off, mask=e < tl.where(use_init, P * N, 0), other=0.0).to(CD)
     first = tl.load(seq_first_ptr + s, mask=nch > 0, other=0).to(tl.int64)
-    for k in range(0, nch):
-        c = first + k
-        tl.store(prev_ptr + c * stride_prev_c + h * stride_prev_h + e, st.to(prev_ptr.dtype.element_ty),
-                 mask=me)
-        decay = tl.exp(tl.load(dA_ptr + h * stride_d_h + c * stride_d_c + chunk_size - 1))
-        st = decay * st + tl.load(states_ptr + c * stride_s_c + h * stride_s_h + e, mask=me, other=0.0)
+    e64 = e.to(tl.int64)
+    rows = tl.arange(0, BLOCK_C)
+    tl.store(prev_ptr + first * stride_prev_c + h * stride_prev_h + e64, st.to(prev_ptr.dtype.element_ty),
+             mask=e < tl.where(nch > 0, P * N, 0))
+    # BLOCK_C chunks at a time: every load of the block is in flight at once, and the recurrence
+    # h <- exp(dA_cs[c, last]) * h + states[c] over the block is one associative scan (in registers).
+    for k0 in range(0, nch, BLOCK_C):
+        kr = k0 + rows
+        mr = kr < nch
+        c = first + kr.to(tl.int64)
+        dec = tl.exp(tl.load(dA_ptr + h * stride_d_h + c * stride_d_c + chunk_size - 1, mask=mr, other=0.0))
+        sv = tl.load(states_ptr + c[:, None] * stride_s_c + h * stride_s_h + e64[None, :],
+                     mask=mr[:, None] & me[None, :], other=0.0).to(CD)
+        a = tl.broadcast_to(dec[:, None], (BLOCK_C, BLOCK))  # padding rows: (a, s) = (1, 0), the identity
+        sv = tl.where(kr[:, None] == k0, a * st[None, :] + sv, sv)  # the carried state enters at row 0
+        _, hs = tl.associative_scan((a, sv), 0, _combine)
+        # hs[r] = the state after chunk k0 + r = the state before chunk k0 + r + 1
+        tl.store(prev_ptr + (c[:, None] + 1) * stride_prev_c + h * stride_prev_h + e64[None, :],
+                 hs.to(prev_ptr.dtype.element_ty), mask=(kr + 1 < nch)[:, None] & me[None, :])
+        st = tl.sum(tl.where(rows[:, None] == BLOCK_C - 1, hs, 0.0), 0)
     tl.store(pool_ptr + pool_off, st.to(pool_ptr.dtype.element_ty), mask=e < tl.where(live, P * N, 0))
 
 
 def ssd_state_passing(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_states, cache_indices,
                       has_initial_state, chunk_size: int, *, pad_slot_id=-1, prev_dtype=None,
-                      block=None, num_warps=4):
+                      block=None, block_c=None, num_warps=4):
     """states (NC, H, P, N) -> prev_states (NC, H, P, N) in `prev_dtype` (default: states' dtype);
-    writes each live sequence's final state into ssm_states[cache_indices[s]]."""
+    writes each live sequence's final state into ssm_states[cache_indices[s]]. `block` state elements
+    and `block_c` chunks per program step (GPU default 1024 = 8 a thread over 4 warps, so the scan over a
+    chunk block stays inside each thread, and 8 chunks in flight)."""
     NC, H, P, N = states.shape
     S = query_start_loc.numel() - 1
     prev = torch.empty((NC, H, P, N), dtype=prev_dtype or states.dtype, device=states.device)
     if S == 0:
         return prev
     blk = block or (max(16, min(1024, next_power_of_2(P * N))) if interpreting() else 1024)
+    bc = block_c or (4 if interpreting() else 8)
     CD = tl.float64 if states.dtype == torch.float64 else tl.float32
     grid = (S, H, cdiv(P * N, blk))
     _state_passing_kernel[grid](
@@ -76,5 +104,5 @@ def ssd_state_passing(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_
         prev, P, N, chunk_size, pad_slot_id,
         states.stride(0), states.stride(1), dA_cs.stride(0), dA_cs.stride(1),
         *ssm_states.stride(), prev.stride(0), prev.stride(1),
-        CD=CD, BLOCK=blk, num_warps=num_warps)
+        CD=CD, BLOCK=blk, BLOCK_C=bc, num_warps=num_warps)
     return prev
