@@ -5,10 +5,7 @@
 #   3. the large-offset (> 2^31 elements) cases for the triton impl (--profile nightly).
 set -u
 export PYTHONUNBUFFERED=1
-_cc_saved="${CC-__unset__}"
 source scripts/peers_setup.sh
-# peers_setup.sh assigns CC (the causal_conv1d source dir); restore the compiler variable Triton uses
-if [ "$_cc_saved" = "__unset__" ]; then unset CC; else export CC="$_cc_saved"; fi
 OUTD=${OUT:-/tmp/out}
 mkdir -p $OUTD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUTD/ops-env.txt 2>&1

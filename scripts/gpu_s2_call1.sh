@@ -6,10 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUTD=${OUT:-/tmp/out}; mkdir -p $OUTD/ext
 LOG=$OUTD/log.txt
-_cc_set=${CC+x}; _cc_val=${CC-}
 PEERS_BUILD_CUDA=1 source scripts/peers_setup.sh
-if [ -n "$_cc_set" ]; then export CC="$_cc_val"; else unset CC; fi
-unset MS
 T0=$(date +%s)
 echo "== models suite" >> $LOG
 timeout ${MODELS_S:-220} python3 -m pytest suites/models --device cuda --impl triton --impl torch -q -p no:randomly \

@@ -5,10 +5,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUTD=${OUT:-/tmp/out}
 LOG=$OUTD/log.txt
-_cc_set=${CC+x}; _cc_val=${CC-}
 source scripts/peers_setup.sh
-if [ -n "$_cc_set" ]; then export CC="$_cc_val"; else unset CC; fi
-unset MS
 T0=$(date +%s)
 el() { echo "$1 at $(( $(date +%s) - T0 ))s" >> $LOG; }
 echo "== op suites" >> $LOG

@@ -3,11 +3,7 @@
 # then the SSD suites on cuda (xdist), then the nightly int64-offset case.
 set -u
 export PYTHONUNBUFFERED=1
-_cc_set=${CC+x}; _cc_val=${CC-}
 source scripts/peers_setup.sh
-# peers_setup.sh assigns CC (a folder) and MS: restore the compiler variable Triton reads.
-if [ -n "$_cc_set" ]; then export CC="$_cc_val"; else unset CC; fi
-unset MS
 OUTD=${OUT:-/tmp/out}
 timeout ${BENCH_S:-150} python3 scripts/bench_ssd.py $OUTD/ssd-bench.jsonl ${SWEEP:+--sweep} > $OUTD/ssd-bench.txt 2>&1
 grep -v '"sweep"' $OUTD/ssd-bench.txt | tail -40

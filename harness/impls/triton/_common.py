@@ -110,12 +110,17 @@ def index_type(*tensors, margin: int = 1 << 20):
 
 
 @triton.jit
+def _mufu(x, ASM: tl.constexpr):
+    """One fp32 MUFU instruction (ASM: its PTX, operands $0 = out, $1 = in) on every element."""
+    return tl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def exp2_fast(x, FAST: tl.constexpr):
     """2**x; on CUDA (FAST) the single MUFU instruction with flush-to-zero (no denormal fix-up code),
     elsewhere (interpreter, XPU) tl.exp2. fp32 only when FAST."""
     if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _mufu(x, "ex2.approx.ftz.f32 $0, $1;")
     else:
         return tl.exp2(x)
 
@@ -124,8 +129,7 @@ def exp2_fast(x, FAST: tl.constexpr):
 def log2_fast(x, FAST: tl.constexpr):
     """log2(x); on CUDA (FAST) the single MUFU instruction (lg2.approx.ftz), elsewhere tl.log2."""
     if FAST:
-        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _mufu(x, "lg2.approx.ftz.f32 $0, $1;")
     else:
         return tl.log2(x)
 
@@ -134,8 +138,7 @@ def log2_fast(x, FAST: tl.constexpr):
 def rcp_fast(x, FAST: tl.constexpr):
     """1 / x; on CUDA (FAST) the single MUFU instruction (rcp.approx.ftz), elsewhere a division."""
     if FAST:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _mufu(x, "rcp.approx.ftz.f32 $0, $1;")
     else:
         return 1.0 / x
 

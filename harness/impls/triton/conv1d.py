@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import launch_config, cdiv, device_guard, interpreting, next_power_of_2, tl_dtype
+from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, silu_fast,
+                                          tl_dtype)
 
 # Launch parameters. Prefill: chunks of bt tokens x bd channels (bd / (32 * warps) channels per thread:
 # 4 = 8-byte bf16 vectors), `stages` chunks in flight; a program walks at most `chunks` chunks, fewer
@@ -52,10 +53,7 @@ def _epilogue(acc, SILU: tl.constexpr, FAST: tl.constexpr):
     (2 MUFU + 3 ALU instead of ~12 instructions with the denormal fix-ups of exp and division)."""
     if SILU:
         if FAST:
-            e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [acc * -1.4426950408889634],
-                                          dtype=tl.float32, is_pure=True, pack=1)
-            acc = acc * tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
-                                                  dtype=tl.float32, is_pure=True, pack=1)
+            acc = silu_fast(acc, FAST)
         else:
             acc = acc / (1.0 + tl.exp(-acc))
     return acc

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import launch_config, cdiv, device_guard, interpreting, next_power_of_2
+from harness.impls.triton._common import launch_config, cdiv, device_guard, interpreting, log2_fast, next_power_of_2
 
 # Launch parameters (m2_*: defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29; m1_*: the
 # offline sm_90 compile's pick, to be confirmed by scripts/sweeps/m1.json). m1: bd channels x rows batch rows per
@@ -34,8 +34,7 @@ def _softplus_exp2(x, FAST: tl.constexpr):
     # the polynomial log2. The argument of the log is in [1, 2].
     t = 1.0 + tl.exp2(tl.abs(x) * -1.4426950408889634)
     if FAST:
-        lg = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
-                                       pack=1)
+        lg = log2_fast(t, FAST)
     else:
         lg = tl.log2(t)
     return tl.maximum(x, 0.0) + 0.6931471805599453 * lg

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import interpreting, next_power_of_2
+from harness.impls.triton._common import exp2_fast, interpreting, next_power_of_2
 from harness.impls.triton.ssd_chunk_state import default_block, dot_types
 
 __all__ = ["ssd_chunk_scan", "fused_cb_ok"]
@@ -46,8 +46,7 @@ def _exp(v, FAST: tl.constexpr):
     lowers to, without its fix-up for results below 2^-126 (flushed to 0 here: a decay or a sigmoid
     term that small weighs nothing): the same values otherwise, three instructions fewer an element."""
     if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [v * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return exp2_fast(v * 1.4426950408889634, FAST)
     else:
         return tl.exp(v)
 
