@@ -89,17 +89,24 @@ def _epilogue_loads(prev_h, x_h, z_h, D_h, om, op, on, m2, mn, mp, stride_prev_n
 
 
 @triton.jit
+def _tile_offsets(k0, BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Offsets k0 + [0, BLOCK) of a tile (int32, for masks) and the same in the address type (int64 when
+    OFF64)."""
+    offs = k0 + tl.arange(0, BLOCK)
+    if OFF64:
+        return offs, offs.to(tl.int64)
+    else:
+        return offs, offs
+
+
+@triton.jit
 def _state_dot(C_c, prev_h, om, op, mm, mp, N, stride_c_t, stride_c_n, stride_prev_n, stride_prev_p,
                CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, OFF64: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """C_i . prev[c, h] over the state dim in BLOCK_N steps (the path without a whole-N C tile)."""
     st = tl.zeros((BLOCK_M, BLOCK_P), dtype=CD)
     for n0 in range(0, N, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        if OFF64:
-            on = offs_n.to(tl.int64)
-        else:
-            on = offs_n
+        offs_n, on = _tile_offsets(n0, BLOCK_N, OFF64)
         mn = offs_n < N
         cmn = tl.load(C_c + om[:, None] * stride_c_t + on[None, :] * stride_c_n, mask=mm[:, None] & mn[None, :],
                       other=0.0)
@@ -201,11 +208,7 @@ def _chunk_scan_kernel(x_ptr, z_ptr, C_ptr, B_ptr, D_ptr, out_ptr, cb_ptr, dt_pt
         acc0 = tl.zeros((BLOCK_M, BLOCK_P), dtype=CD)
         acc1 = tl.zeros((BLOCK_M, BLOCK_P), dtype=CD)
         for k0 in range(0, hi, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            if OFF64:
-                ok = offs_k.to(tl.int64)
-            else:
-                ok = offs_k
+            offs_k, ok = _tile_offsets(k0, BLOCK_K, OFF64)
             mk = offs_k < hi
             if FUSED_CB:
                 bt = tl.load(B_c + ok[None, :] * stride_b_t + on[:, None] * stride_b_n,
