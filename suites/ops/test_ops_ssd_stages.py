@@ -258,23 +258,3 @@ def test_stage_pipeline_pool_page_major_equals_contiguous(device):
         res.append((y, pool.contiguous()))
     assert_bitwise_equal("y page_major vs contiguous", res[1][0], res[0][0])
     assert_bitwise_equal("pool page_major vs contiguous", res[1][1], res[0][1])
-
-
-def test_kernels_compile_for_sm90(device):
-    """Every SSD kernel variant that ssd_varlen launches (with and without D, z, dt_bias; fp32 and the
-    activations' dtype for the pool) compiles for sm_90 ahead of time. The interpreter, which runs the
-    kernels in CI, accepts programs the compiler rejects (e.g. a loop-carried variable that changes
-    type), so this runs the real compiler in a subprocess without TRITON_INTERPRET (bf16 variants in
-    the ci profile, every dtype in nightly)."""
-    import os
-    import subprocess
-    import sys
-
-    from harness.impls.optest import profile
-    dtypes = ["bfloat16", "float16", "float32", "float64"] if profile() == "nightly" else ["bfloat16"]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "harness.impls.triton.ssd_aot", *dtypes], env=env,
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode == 2:
-        pytest.skip(f"cannot compile for sm_90 here: {r.stdout.strip().splitlines()[-1:]}")
-    assert r.returncode == 0, f"ssd kernels failed to compile for sm_90:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

@@ -66,6 +66,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def nvidia_fast(t: torch.Tensor) -> bool:
+    """Whether kernels working on `t` may use NVIDIA-only PTX (the MUFU approximations below, through inline
+    assembly): a CUDA (not ROCm) tensor outside the interpreter. With HARNESS_AOT_NVIDIA=1, CPU tensors count
+    too: that is how `python -m harness.impls.triton.aot` compiles those paths for sm_90 on a machine
+    without a GPU."""
+    if interpreting() or torch.version.hip is not None:
+        return False
+    return t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("HARNESS_AOT_NVIDIA") == "1")
+
+
 def has_gpu() -> bool:
     if torch.cuda.is_available():
         return True

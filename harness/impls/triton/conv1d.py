@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, silu_fast,
-                                          tl_dtype)
+from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
+                                          silu_fast, tl_dtype)
 
 # Launch parameters. Prefill: chunks of bt tokens x bd channels (bd / (32 * warps) channels per thread:
 # 4 = 8-byte bf16 vectors), `stages` chunks in flight; a program walks at most `chunks` chunks, fewer
@@ -302,7 +302,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
             EVEN_D=D % bd == 0,
             I64D=_i64d(D, K, x.stride(1), y.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
                        conv_states.stride(1), conv_states.stride(2)),
-            FAST=not interp and x.dtype != torch.float64, num_warps=warps, **extra)
+            FAST=nvidia_fast(x) and x.dtype != torch.float64, num_warps=warps, **extra)
     return y
 
 
@@ -329,5 +329,5 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
             ACC=_acc(x.dtype),
             I64D=_i64d(D, K, x.stride(1), y.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
                        conv_states.stride(1), conv_states.stride(2)),
-            FAST=not interp and x.dtype != torch.float64, num_warps=warps)
+            FAST=nvidia_fast(x) and x.dtype != torch.float64, num_warps=warps)
     return y

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, exp2_fast, index_type, interpreting,
-                                          next_power_of_2, silu_fast, softplus_fast)
+                                          next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
 
 # Launch parameters (H200 sweeps of scripts/gpu_ops_bench.py, session 2: best of 36 at D=8192 N=16 L=4096).
 # chunk: tokens per program (0: single pass when the sequences x channel blocks give at least `programs`
@@ -330,7 +330,7 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     dfirst = bool(CONFIG["dfirst"]) if not interp else T % 2 == 0
     NC = cdiv(T, L) + S  # bound on the piece count
     idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)
-    fast = (not interp) and u.device.type == "cuda" and acc_t == torch.float32
+    fast = nvidia_fast(u) and acc_t == torch.float32
     opt = dict(GU=(Dm // G) % BD == 0, PF=pf, DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
                HAS_DB=delta_bias is not None, SOFTPLUS=bool(delta_softplus), ACC=ACC, BD=BD, BN=BN, num_warps=warps)
     Dp = D if D is not None else u

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import launch_config, cdiv, device_guard, interpreting, log2_fast, next_power_of_2
+from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, log2_fast, next_power_of_2,
+                                          nvidia_fast)
 
 # Launch parameters (m2_*: defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29; m1_*: the
 # offline sm_90 compile's pick, to be confirmed by scripts/sweeps/m1.json). m1: bd channels x rows batch rows per
@@ -315,7 +316,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
                 _s(D, 0), _s(z, 0), _s(z, 1), *y.stride(),
                 BD=BD, BN=BN, ROWS=rows, TILES=tiles, GU=(Dm // G) % BD == 0, DFIRST=dfirst,
                 DENSE=N == BN and state.stride(2) == 1 and state.stride(1) == N,
-                FAST=not interp and x.is_cuda and torch.version.hip is None and acc == tl.float32,
+                FAST=nvidia_fast(x) and acc == tl.float32,
                 EVEN_B=tiles == 1 and Bsz % rows == 0, EVEN_D=Dm % BD == 0, EVEN_N=N == BN,
                 num_warps=1 if interp else CONFIG["m1_warps"], **common)
     return y

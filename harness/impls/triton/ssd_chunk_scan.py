@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import exp2_fast, interpreting, next_power_of_2
+from harness.impls.triton._common import exp2_fast, interpreting, next_power_of_2, nvidia_fast
 from harness.impls.triton.ssd_chunk_state import default_block, dot_types
 
 __all__ = ["ssd_chunk_scan", "fused_cb_ok"]
@@ -335,7 +335,7 @@ def ssd_chunk_scan(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chun
         H, P, N, H // G, sx[0], sx[1], sx[2], sz[0], sz[1], sz[2], so[0], so[1], so[2], sc[0], sc[1], sc[2],
         sb[0], sb[1], sb[2], sDh, sDp, *cb_strides, dt_out.stride(0), dt_out.stride(1), *sp,
         CD=CD, DOT=DOT, PREC=PREC, HAS_D=D is not None, HAS_Z=z is not None, FUSED_CB=fused, OFF64=off64,
-        EARLY_EPI=bool(early_epilogue), HB=hb, FAST_EXP=nvidia and not interp and CD == tl.float32,
+        EARLY_EPI=bool(early_epilogue), HB=hb, FAST_EXP=nvidia_fast(x) and CD == tl.float32,
         NUM_M=num_m, NUM_P=num_p, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
         BLOCK_N=bn, **opts)
     return out
