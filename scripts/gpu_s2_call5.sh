@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 2, GPU call 5 (final): op suites of the final kernels on cuda, SSD next to mamba_ssm, our ops next to
 # the peers' CUDA kernels (eager and CUDA graph), the anchor table with mamba_ssm's Triton ops, suites/models on
-# cuda (the machine's own transformers: a 5.24 wheel carried in .peers did not import there; 5.17's Mamba-2 norm
+# cuda (the machine's own transformers: with a 5.24 wheel carried in .peers every transformers test failed there; 5.17's Mamba-2 norm
 # limits its oracle to n_groups = 1, see suites/models), then engine throughput for the falcon-mamba-7b shape.
 # suites/models needs ~400 s there (Triton compiles per drawn shape): give it a call of its own (MODELS_S=400).
 set -u
