@@ -4,7 +4,7 @@ Parallel over (piece of a sequence) x (block of BD channels). Each program keeps
 fp32 tile in registers, N on the first axis so that a warp's lanes run along channels: the reduction
 over N for y stays inside a thread (or two), and per-channel work (softplus, D skip, z gate) is not
 repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B, y = C . h. The inputs
-of token t + PF are loaded in iteration t (PF in {1, 2, 4, 8}: a register ring, since Triton does not
+of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since Triton does not
 software-pipeline these small loads), and y of token t is stored one iteration later, after the next
 token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
 
@@ -16,7 +16,8 @@ programs run; then three launches:
               starting from the pool slot (has_initial_state, not pad) or zero; writes the final state.
   3. output:  every piece reruns from its true initial state and writes y.
 When every sequence fits one piece a single launch does it all (pool in, pool out, y). The piece table
-(pieces per sequence, prefix sums) is built on the device, so no host sync is needed. Offsets int64.
+(pieces per sequence, prefix sums) is built on the device, so no host sync is needed. Index math is int32
+when every offset fits (`index_type`), int64 otherwise.
 """
 from __future__ import annotations
 
@@ -25,16 +26,14 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import (launch_config, cdiv, device_guard, exp2_fast, index_type, interpreting,
-                                          next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
+from harness.impls.triton._common import (launch_config, cdiv, compute_dtype, device_guard, exp2_fast, index_type,
+                                          interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
 
 # Launch parameters (H200 sweeps of scripts/gpu_ops_bench.py, session 2: best of 36 at D=8192 N=16 L=4096).
 # chunk: tokens per program (0: single pass when the sequences x channel blocks give at least `programs`
 # programs, else pieces sized to give about that many).
 CONFIG = launch_config("selective_scan", {"bd": 32, "warps": 1, "chunk": 256, "programs": 1024, "pf": 2,
                                           "dfirst": False})
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -207,15 +206,6 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
         u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-    if PF >= 8:
-        u4, d4, b4, c4, z4 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 4, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-        u5, d5, b5, c5, z5 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 5, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-        u6, d6, b6, c6, z6 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 6, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-        u7, d7, b7, c7, z7 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 7, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
     yo = d * sy1
     ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
     for tb in range(t0, t1, PF):
@@ -235,23 +225,6 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
             h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
                 h, ypend, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-        if PF >= 8:
-            h, ypend, sdt, u4, d4, b4, c4, z4 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u4, d4, b4, c4, z4, tb + 4, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, u5, d5, b5, c5, z5 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u5, d5, b5, c5, z5, tb + 5, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, u6, d6, b6, c6, z6 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u6, d6, b6, c6, z6, tb + 6, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, u7, d7, b7, c7, z7 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u7, d7, b7, c7, z7, tb + 7, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
                 z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     if NEED_Y:  # the last token's y (the loop stored up to the token before it)
@@ -319,14 +292,14 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         L = T  # one pass per sequence already gives enough programs
     else:  # cut the tokens into pieces so that about `programs` programs run
         L = max(64, cdiv(T * nD, CONFIG["programs"]))
-    acc_t = torch.float64 if u.dtype == torch.float64 else torch.float32
+    acc_t = compute_dtype(u.dtype)
     ACC = tl.float64 if acc_t == torch.float64 else tl.float32
     hi = has_initial_state.view(torch.uint8)
     warps = 1 if interp else CONFIG["warps"]
     # under the interpreter (CPU suites) every prefetch depth gets exercised, chosen by the token count
-    pf = int(CONFIG["pf"]) if not interp else (1, 2, 4, 8)[T % 4]
-    if pf not in (1, 2, 4, 8):
-        raise ValueError(f"selective_scan CONFIG['pf']: expected 1, 2, 4 or 8, got {pf}")
+    pf = int(CONFIG["pf"]) if not interp else (1, 2, 4)[T % 3]
+    if pf not in (1, 2, 4):
+        raise ValueError(f"selective_scan CONFIG['pf']: expected 1, 2 or 4, got {pf}")
     dfirst = bool(CONFIG["dfirst"]) if not interp else T % 2 == 0
     NC = cdiv(T, L) + S  # bound on the piece count
     idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)

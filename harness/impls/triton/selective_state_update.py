@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
-from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, log2_fast, next_power_of_2,
-                                          nvidia_fast)
+from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
+                                          softplus_fast)
 
 # Launch parameters (m2_*: defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29; m1_*: the
 # offline sm_90 compile's pick, to be confirmed by scripts/sweeps/m1.json). m1: bd channels x rows batch rows per
@@ -27,18 +27,6 @@ CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m
 @triton.jit
 def _softplus(x):
     return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
-
-
-@triton.jit
-def _softplus_exp2(x, FAST: tl.constexpr):
-    # fp32 softplus through exp2 / log2; FAST (CUDA): lg2.approx (one MUFU.LG2, rel. error ~2^-22) instead of
-    # the polynomial log2. The argument of the log is in [1, 2].
-    t = 1.0 + tl.exp2(tl.abs(x) * -1.4426950408889634)
-    if FAST:
-        lg = log2_fast(t, FAST)
-    else:
-        lg = tl.log2(t)
-    return tl.maximum(x, 0.0) + 0.6931471805599453 * lg
 
 
 @triton.jit
@@ -175,7 +163,7 @@ def _m1_step(st_ptr, y_ptr, slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd, a, dt
         dA = tl.exp(dtv[:, :, None] * a[None, :, :])
     else:  # a holds A * log2(e): exp(dt*A) = exp2(dt * a), one FMUL + one MUFU.EX2 per state element
         if SOFTPLUS:
-            dtv = _softplus_exp2(dtv, FAST)
+            dtv = softplus_fast(dtv, FAST)
         dtv = _clamp(dtv, dt_lo, dt_hi, lim_ptr, LIM_F64)
         dA = tl.exp2(dtv[:, :, None] * a[None, :, :])
     s = s * dA + (xv * dtv)[:, :, None] * bv.to(ACC)
