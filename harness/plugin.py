@@ -6,6 +6,9 @@ Options
                                  registered implementation usable on the device
   --profile {ci,dev,nightly}     hypothesis profile (ci is the default)
   --results PATH                 append one JSONL record per comparison (see harness.records)
+  --outcomes PATH                append one JSONL line per finished test (node id, outcome, seconds, the
+                                 failure's last line) as it finishes: a run killed by a time limit still
+                                 says what failed and why (pytest's own summary only comes at the end)
 
 Fixtures
   device   the torch device string for this worker (e.g. "cpu", "cuda:0")
@@ -35,6 +38,8 @@ def pytest_addoption(parser):
                 help="hypothesis profile: ci (fast, default), dev, nightly (deep)")
     g.addoption("--results", action="store", default=None, metavar="PATH",
                 help="append result records (JSONL) to PATH")
+    g.addoption("--outcomes", action="store", default=None, metavar="PATH",
+                help="append one JSONL line per finished test as it finishes (survives a killed run)")
 
 
 def _register_profiles():
@@ -102,7 +107,35 @@ def pytest_configure(config):
         writer.write("env", env=env, profile=profile,
                      hypothesis_seed=config.getoption("hypothesis_seed", None),
                      impls=[i.name for i in impls], worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
-    _STATE.update(device=device, impls=impls, writer=writer, profile=profile)
+    _STATE.update(device=device, impls=impls, writer=writer, profile=profile,
+                  outcomes=config.getoption("outcomes"))
+
+
+def _outcome_line(report) -> dict | None:
+    """The --outcomes line for a test report: the call phase, or a setup/teardown that did not pass."""
+    if report.when != "call" and report.passed:
+        return None
+    why = ""
+    if report.failed:
+        text = report.longreprtext.strip().splitlines()
+        errs = [ln for ln in text if ln.startswith("E ")]
+        why = (errs[0] if errs else (text[-1] if text else ""))[:500]
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        why = str(report.longrepr[2])[:500]
+    return {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+            "seconds": round(report.duration, 3), "why": why,
+            "worker": getattr(report, "node", None) and report.node.gateway.id}
+
+
+def pytest_runtest_logreport(report):
+    path = _STATE.get("outcomes")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller writes (xdist forwards the workers' reports to it)
+    line = _outcome_line(report)
+    if line is not None:
+        import json
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def pytest_report_header(config):

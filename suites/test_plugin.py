@@ -90,3 +90,27 @@ def test_outside_impl_by_module_object(tmp_path):
     (tmp_path / "test_x.py").write_text("def test_x(impl):\n    assert impl.name == 'mine'\n")
     r = _pytest(["--device", "cpu", "--impl", "my_kernels:IMPL", "-q", str(tmp_path)], cwd=tmp_path)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_outcomes_name_each_test_as_it_finishes(tmp_path):
+    """--outcomes writes one line per finished test from the xdist controller: passes, a failure with its
+    error line and a skip with its reason; a test killed mid-run leaves the lines of those before it."""
+    import json
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "test_o.py").write_text(textwrap.dedent("""
+        import pytest
+        def test_ok():
+            assert True
+        def test_bad():
+            raise AttributeError("'NoneType' object has no attribute 'shape'")
+        def test_skip():
+            pytest.skip("no CUDA device")
+    """))
+    out = tmp_path / "o.jsonl"
+    r = _pytest(["--device", "cpu", "-q", "-n", "2", "--outcomes", str(out), str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = {json.loads(x)["nodeid"].split("::")[-1]: json.loads(x) for x in out.read_text().splitlines()}
+    assert set(lines) == {"test_ok", "test_bad", "test_skip"}, lines
+    assert lines["test_ok"]["outcome"] == "passed"
+    assert lines["test_bad"]["outcome"] == "failed" and "no attribute 'shape'" in lines["test_bad"]["why"]
+    assert lines["test_skip"]["outcome"] == "skipped" and "no CUDA device" in lines["test_skip"]["why"]

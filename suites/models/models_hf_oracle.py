@@ -134,6 +134,15 @@ def hf_mixer(d: Dims, seed: int, dtype=torch.float32):
     return mixer.to(dtype).eval(), hc
 
 
+def hf_mixer_call(mixer, hidden, cache):
+    """Run a transformers mixer with `cache`. The keyword is `cache` from 5.2x on (`cache_params`, still
+    accepted there, is deprecated) and `cache_params` before (5.17 swallows an unknown `cache=` into
+    **kwargs and leaves the cache empty)."""
+    import inspect
+    name = "cache" if "cache" in inspect.signature(mixer.forward).parameters else "cache_params"
+    return mixer(hidden, **{name: cache})
+
+
 def hf_model(d: Dims, seed: int):
     """A transformers causal LM for `d` with random weights (float32, eval)."""
     hc = hf_config(d)

@@ -17,7 +17,8 @@ from harness.checks import Tolerance, compare, tolerance_for
 from reference.loader import detect_config
 from reference.mixers import make_mixer, reference_ops
 
-from models_hf_oracle import HF_UNGROUPED_NORM, Dims, hf_mamba2_norm_is_grouped, hf_mixer, mamba2_group_choices
+from models_hf_oracle import (HF_UNGROUPED_NORM, Dims, hf_mamba2_norm_is_grouped, hf_mixer, hf_mixer_call,
+                              mamba2_group_choices)
 
 # transformers' "float64" mixers still run some pieces in float32 (D.float(), the gated RMSNorm and
 # Falcon's B/C/dt norms upcast to float32 only), so an fp64 comparison can only be this tight:
@@ -60,7 +61,7 @@ def _run(d: Dims, seed: int, batch: int, T: int, steps: int, hf_dtype, ssd: str,
 
     cache = DynamicCache(config=hc)
     with torch.no_grad():
-        hf_out = mixer(h, cache=cache)
+        hf_out = hf_mixer_call(mixer, h, cache)
     cu = torch.arange(batch + 1, dtype=torch.int64) * T
     out, conv, ssm = ours.forward(h.reshape(batch * T, d.d_model), cu)
     # The oracle is transformers here: `actual` = ours, `expected` = transformers.
@@ -70,7 +71,7 @@ def _run(d: Dims, seed: int, batch: int, T: int, steps: int, hf_dtype, ssd: str,
     check.close("prefill conv state", conv, cache.layers[0].conv_states[0][..., -K1:], **ctx)
     for s in range(steps):
         with torch.no_grad():
-            hf_y = mixer(news[s], cache=cache)
+            hf_y = hf_mixer_call(mixer, news[s], cache)
         y, conv, ssm = ours.step(news[s][:, 0], conv, ssm)
         check.close(f"decode step {s} out", y, hf_y[:, 0], **ctx)
         check.close(f"decode step {s} ssm state", ssm, cache.layers[0].recurrent_states[0], **ctx)
@@ -113,7 +114,7 @@ def test_models_mixer_falcon_norms_matter():
                        dtype=torch.float32)
     h = torch.randn(1, 9, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = mixer(h, cache=DynamicCache(config=hc))
+        expected = hf_mixer_call(mixer, h, DynamicCache(config=hc))
     out, _, _ = plain.forward(h[0])
     c = compare("plain mamba1 on falcon weights", out, expected[0], tolerance_for(torch.float32))
     assert not c.passed, c.message()

@@ -5,7 +5,6 @@ Cases cover the bug classes of /work/shared/BUG_CLASSES.md that live in this op:
 mid-chunk and several requests per batch (4, 5), exp overflow with large |A| (6), 1 < n_groups < H (7),
 pad requests (9), dt handling: bias, softplus, dt_limit clamp (10), int64 offsets (12, nightly, GPU).
 """
-import contextlib
 import math
 import random
 
@@ -17,21 +16,11 @@ from harness.checks import assert_bitwise_equal, poison_
 from harness.impls.optest import (ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand,
                                   randn, require, require_nightly_gpu, run_pool_case, token_mask)
 from harness.impls.reference_impl import oracle
-from harness.testing import LAYOUTS, choose_slots, make_pool
+from harness.testing import LAYOUTS, choose_slots, make_pool, unsupported_skips
 
 OP = "ssd_varlen"
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
 seeds = st.integers(0, 2**31 - 1)
-
-
-@contextlib.contextmanager
-def unsupported_skips(impl):
-    """An adapter that raises NotImplementedError for a case (e.g. mamba_ssm: one initial state per
-    batch row) skips the test with its message instead of failing it."""
-    try:
-        yield
-    except NotImplementedError as e:
-        pytest.skip(f"{impl.name}: {e}")
 
 
 def _small(device) -> bool:
