@@ -133,3 +133,46 @@ def test_models_hf_mamba2_norm_is_grouped():
     per_group = torch.cat([g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
                            for g in x.split(4, dim=-1)], dim=-1)
     assert torch.allclose(y, per_group, rtol=1e-4, atol=1e-5), (y - per_group).abs().max()
+
+
+def test_models_oracle_is_transformers_torch_code():
+    """The oracle's precondition: transformers' Mamba modules run their own torch code here, with no
+    kernel wrapper left that could call a peer's kernel (see models_hf_oracle.hf_torch_path_only)."""
+    from models_hf_oracle import hf_foreign_functions
+    assert hf_foreign_functions() == []
+
+
+def test_models_oracle_ignores_importable_peer_kernels(tmp_path):
+    """Regression (H200 box, transformers 5.17, mamba_ssm and causal-conv1d importable for their adapters):
+    transformers bound the peers' CUDA kernels at import time and the CPU oracle failed with "Expected
+    x.is_cuda() to be true". With fake peer packages whose kernels raise, the oracle mixers still run."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    for pkg in ("causal_conv1d", "mamba_ssm"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text(textwrap.dedent("""
+            def _cuda_only(*a, **k):
+                raise RuntimeError("Expected x.is_cuda() to be true, but got false.")
+            causal_conv1d_fn = causal_conv1d_update = selective_scan_fn = mamba_inner_fn = _cuda_only
+            selective_state_update = mamba_chunk_scan_combined = mamba_split_conv1d_scan_combined = _cuda_only
+        """))
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    script = textwrap.dedent("""
+        import torch, transformers.models.mamba.modeling_mamba as mm
+        assert mm.causal_conv1d_fn.__code__.co_filename != mm.__file__, "precondition: the fake peer is bound"
+        from models_hf_oracle import Dims, hf_mixer, hf_mixer_call, hf_foreign_functions
+        from transformers.cache_utils import DynamicCache
+        assert hf_foreign_functions() == [], hf_foreign_functions()
+        for fam in ("mamba1", "falcon_mamba", "mamba2"):
+            d = Dims(family=fam, d_model=8, n_layer=1, vocab=32, d_state=4, d_conv=3, head_dim=4, chunk_size=4)
+            mixer, hc = hf_mixer(d, 0)
+            with torch.no_grad():
+                hf_mixer_call(mixer, torch.randn(1, 5, 8), DynamicCache(config=hc))
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), here, root]), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
