@@ -172,6 +172,39 @@ def test_ssd_varlen_batch_invariance(impl, device, check, dtype, data):
                 impl=impl.name, dtype=pd, shapes=shapes, seed=seed)
 
 
+@pytest.mark.parametrize("lengths,from_state", [([5], [True]), ([5, 6], [True, False]), ([3, 6], [True, True]),
+                                                 ([13], [True]), ([8], [True])],
+                         ids=["first-chunk", "first-chunk+1", "both-from-state", "two-chunks", "exactly-a-chunk"])
+def test_ssd_varlen_state_of_a_sequence_ending_in_its_first_chunk(impl, device, check, lengths, from_state):
+    """Regression (mamba_ssm 2.3.2, found by the engine oracle on the H200): a sequence that starts from a
+    state and ends inside its first chunk must still carry that state into its final state. mamba_ssm's
+    chunk_state_varlen adds the passed-in chunk state only when the sequence began before the chunk, so
+    this final state lost the initial state's decayed contribution; y was right, so the error showed on
+    the next decode step (chunked prefill of one request, then decode). Chunk 8; lengths 3-13."""
+    require(impl, OP, torch.float32)
+    H, P, N, chunk = 2, 4, 4, 8
+    g = torch.Generator().manual_seed(sum(lengths))
+    T, S = sum(lengths), len(lengths)
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    x, dt, B, Cm = r(T, H, P), torch.rand(T, H, generator=g) * 0.5, r(T, 1, N), r(T, 1, N)
+    A, D, dt_bias = -torch.rand(H, generator=g) - 0.5, r(H), torch.rand(H, generator=g) * 0.1
+    pool = r(S + 1, H, P, N)  # one slot more than requests: it must stay untouched
+    qsl = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(S)], dtype=torch.int32)
+    idx = torch.arange(S, dtype=torch.int32)
+    hi = torch.tensor(from_state)
+    args = [x, dt, A, B, Cm, chunk, D, None, dt_bias, pool, qsl, idx, hi]
+    y_ref, pool_ref = oracle(OP, *args, dt_softplus=True)
+    dev = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    with unsupported_skips(impl):
+        y = impl.op(OP)(*dev, dt_softplus=True)
+    shapes = {"lengths": lengths, "has_initial_state": from_state, "chunk_size": chunk}
+    check.close(f"{OP}.y", y, y_ref.to(device), op=OP, impl=impl.name, dtype=torch.float32, shapes=shapes)
+    for i in range(S):
+        check.close(f"{OP}.pool[{i}] (final state, lengths {lengths}, from state {from_state})", dev[9][i],
+                    pool_ref[i].to(device), op=OP, impl=impl.name, dtype=torch.float32, shapes=shapes)
+    assert_bitwise_equal(f"{OP}: slot {S} (no request)", dev[9][S], pool[S].to(device))
+
+
 def test_ssd_varlen_rejects_bad_input(impl, device):
     """Bad input raises ValueError naming the argument before any kernel runs: C shaped unlike B, a
     slot id outside the pool, query_start_loc not ending at T, chunk_size 0, a wrongly shaped D."""
