@@ -46,7 +46,9 @@ def _register_profiles():
     from hypothesis import HealthCheck, settings
     common = dict(deadline=None, print_blob=True,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                         HealthCheck.function_scoped_fixture])
+                                         HealthCheck.function_scoped_fixture,
+                                         # adapters decline some examples (harness.testing.unsupported_skips)
+                                         HealthCheck.filter_too_much])
     # ci: derandomized, so a CI run explores the same examples every time (no flaky landings); dev and
     # nightly explore freshly each run and record the seed.
     settings.register_profile("ci", max_examples=8, derandomize=True, **common)
@@ -109,6 +111,24 @@ def pytest_configure(config):
                      impls=[i.name for i in impls], worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
     _STATE.update(device=device, impls=impls, writer=writer, profile=profile,
                   outcomes=config.getoption("outcomes"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A hypothesis test whose every example an implementation declined (NotImplementedError through
+    `harness.testing.unsupported_skips`) skips with that reason instead of failing as Unsatisfiable."""
+    from harness.testing import UNSUPPORTED
+    reasons: list = []
+    token = UNSUPPORTED.set(reasons)
+    try:
+        return (yield)
+    except Exception as e:
+        from hypothesis.errors import Unsatisfiable
+        if isinstance(e, Unsatisfiable) and reasons:
+            pytest.skip(f"no generated example is supported: {reasons[0]}")
+        raise
+    finally:
+        UNSUPPORTED.reset(token)
 
 
 def _outcome_line(report) -> dict | None:

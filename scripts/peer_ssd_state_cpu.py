@@ -7,6 +7,8 @@ without the initial state's contribution (its y is right); across a chunk bounda
 state, the states agree. Needs .peers/mamba_ssm-2.3.2.post1.tar.gz (see ../shared/ANCHORS.md).
 
     python scripts/peer_ssd_state_cpu.py            # ~1 min on 2 cores
+    PYTHONPATH=scripts python -m pytest suites/ops/test_ops_ssd.py --device cpu -k "first_chunk or (matches_oracle and float32)" \
+        --impl peer_ssd_state_cpu:IMPL              # the suites against the peer's kernels on the CPU
 """
 import contextlib
 import glob
@@ -37,7 +39,12 @@ torch.cuda.device = lambda index: contextlib.nullcontext()  # mamba_ssm enters t
 from harness.impls import registry  # noqa: E402
 from harness.impls.adapters import mamba_ssm as peer  # noqa: E402
 
+from harness.impls.registry import Impl  # noqa: E402
+
 ref = registry.get("reference").ops["ssd_varlen"]
+# the adapter's ssd_varlen as a CPU implementation (for --impl peer_ssd_state_cpu:IMPL)
+IMPL = Impl(name="mamba_ssm_cpu", devices=("cpu",), dtypes=(torch.float32,), ops={"ssd_varlen": peer.ssd_varlen},
+            description="mamba_ssm 2.3.2 Triton SSD under the CPU interpreter (scripts/peer_ssd_state_cpu.py)")
 H, P, N, CHUNK = 2, 4, 4, 8
 
 

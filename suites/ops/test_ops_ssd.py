@@ -172,15 +172,17 @@ def test_ssd_varlen_batch_invariance(impl, device, check, dtype, data):
                 impl=impl.name, dtype=pd, shapes=shapes, seed=seed)
 
 
-@pytest.mark.parametrize("lengths,from_state", [([5], [True]), ([5, 6], [True, False]), ([3, 6], [True, True]),
-                                                 ([13], [True]), ([8], [True])],
-                         ids=["first-chunk", "first-chunk+1", "both-from-state", "two-chunks", "exactly-a-chunk"])
+@pytest.mark.parametrize("lengths,from_state", [([1], [True]), ([5], [True]), ([5, 6], [True, False]),
+                                                 ([3, 6], [True, True]), ([13], [True]), ([8], [True])],
+                         ids=["one-token", "first-chunk", "first-chunk+1", "both-from-state", "two-chunks",
+                              "exactly-a-chunk"])
 def test_ssd_varlen_state_of_a_sequence_ending_in_its_first_chunk(impl, device, check, lengths, from_state):
     """Regression (mamba_ssm 2.3.2, found by the engine oracle on the H200): a sequence that starts from a
     state and ends inside its first chunk must still carry that state into its final state. mamba_ssm's
     chunk_state_varlen adds the passed-in chunk state only when the sequence began before the chunk, so
     this final state lost the initial state's decayed contribution; y was right, so the error showed on
-    the next decode step (chunked prefill of one request, then decode). Chunk 8; lengths 3-13."""
+    the next decode step (chunked prefill of one request, then decode). Chunk 8; lengths 1-13. `one-token`
+    is what test_ssd_varlen_matches_oracle shrank the failure to (mamba_ssm under the CPU interpreter)."""
     require(impl, OP, torch.float32)
     H, P, N, chunk = 2, 4, 4, 8
     g = torch.Generator().manual_seed(sum(lengths))
