@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import random
 
 import torch
@@ -78,3 +80,15 @@ def unsupported_skips(impl):
                 seen.append(reason)
             hypothesis.reject()
         pytest.skip(reason)
+
+
+def declining(impl):
+    """`impl` with every op run inside `unsupported_skips`: the `impl` the pytest plugin hands to tests, so
+    a case an implementation declines is dropped wherever its op is called (op suites, engine, scenarios)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            with unsupported_skips(impl):
+                return fn(*args, **kwargs)
+        return op
+    return dataclasses.replace(impl, ops={name: wrap(fn) for name, fn in impl.ops.items()})

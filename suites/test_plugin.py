@@ -117,49 +117,48 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
 
 
 def test_unsupported_examples_are_rejected_not_the_whole_test(tmp_path):
-    """An implementation that declines some examples (NotImplementedError inside unsupported_skips) has the
+    """An implementation (the plugin's `impl`) whose op raises NotImplementedError for some examples has the
     others still run and checked: a wrong result on a supported example fails the test even when the first
     example drawn was unsupported. One that declines every example skips, giving its reason."""
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
-    (tmp_path / "test_u.py").write_text(textwrap.dedent("""
-        from hypothesis import example, given, settings, strategies as st
-        from harness.testing import unsupported_skips
-
-        class Peer:
-            name = "peer"
-
-        SEEN = []
+    (tmp_path / "peer_kernels.py").write_text(textwrap.dedent("""
+        from harness.impls import Impl
 
         def op(n, wrong_at=None):
             if n % 2:
                 raise NotImplementedError("odd sizes are not supported")
             return -1 if n == wrong_at else n
 
+        IMPL = Impl(name="peer", devices=("cpu",), ops={"ssd_varlen": op})
+    """))
+    (tmp_path / "test_u.py").write_text(textwrap.dedent("""
+        from hypothesis import example, given, settings, strategies as st
+
+        SEEN = []
+
         @settings(max_examples=30, database=None)
-        @given(st.integers(0, 1000))
-        @example(1)
-        def test_runs_supported(n):
-            with unsupported_skips(Peer()):
-                assert op(n) == n
+        @given(n=st.integers(0, 1000))
+        @example(n=1)
+        def test_runs_supported(impl, n):
+            assert impl.op("ssd_varlen")(n) == n
             SEEN.append(n)
 
         def test_supported_ones_ran():
             assert SEEN and all(n % 2 == 0 for n in SEEN), SEEN
 
         @settings(max_examples=30, database=None)
-        @given(st.integers(0, 1000))
-        @example(1)
-        def test_wrong_supported_case_fails(n):
-            with unsupported_skips(Peer()):
-                assert op(n, wrong_at=n if n % 2 == 0 else None) == n
+        @given(n=st.integers(0, 1000))
+        @example(n=1)
+        def test_wrong_supported_case_fails(impl, n):
+            assert impl.op("ssd_varlen")(n, wrong_at=n if n % 2 == 0 else None) == n
 
         @settings(max_examples=10, database=None)
-        @given(st.integers(0, 1000).map(lambda n: 2 * n + 1))
-        def test_nothing_supported(n):
-            with unsupported_skips(Peer()):
-                op(n)
+        @given(n=st.integers(0, 1000).map(lambda n: 2 * n + 1))
+        def test_nothing_supported(impl, n):
+            impl.op("ssd_varlen")(n)
     """))
-    r = _pytest(["--device", "cpu", "-rfs", "-p", "no:randomly", str(tmp_path)], cwd=tmp_path)
+    r = _pytest(["--device", "cpu", "--impl", "peer_kernels:IMPL", "-rfs", "-p", "no:randomly", str(tmp_path)],
+                cwd=tmp_path)
     out = r.stdout + r.stderr
     assert "FAILED test_u.py::test_wrong_supported_case_fails" in out, out
     assert "1 failed, 2 passed, 1 skipped" in out, out

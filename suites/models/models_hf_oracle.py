@@ -30,6 +30,17 @@ HF_MODELING = ("transformers.models.mamba.modeling_mamba", "transformers.models.
                "transformers.models.mamba2.modeling_mamba2")
 
 
+def _hf_module_functions():
+    """(module, attribute, function) for every module-level function of transformers' Mamba modules."""
+    import importlib
+    import inspect
+    for name in HF_MODELING:
+        mod = importlib.import_module(name)
+        for attr, f in list(vars(mod).items()):
+            if inspect.isfunction(f):
+                yield mod, attr, f
+
+
 def hf_torch_path_only() -> list[str]:
     """Make transformers' Mamba modules use their own torch code; return the functions that were swapped.
 
@@ -38,33 +49,22 @@ def hf_torch_path_only() -> list[str]:
     where the peers are importable for their adapters, the CPU oracle then called CUDA kernels on CPU
     tensors ("Expected x.is_cuda() to be true") in every mixer and model oracle test. The oracle must be
     transformers' torch code, so each such module-level wrapper is replaced by the torch function it wraps."""
-    import importlib
     import inspect
     swapped = []
-    for name in HF_MODELING:
-        mod = importlib.import_module(name)
-        for attr, f in list(vars(mod).items()):
-            if not inspect.isfunction(f):
-                continue
-            inner = inspect.unwrap(f)
-            if inner is not f and inspect.isfunction(inner) and inner.__module__ == mod.__name__:
-                setattr(mod, attr, inner)
-                swapped.append(f"{name.rsplit('.', 1)[-1]}.{attr}")
+    for mod, attr, f in _hf_module_functions():
+        inner = inspect.unwrap(f)
+        if inner is not f and inspect.isfunction(inner) and inner.__module__ == mod.__name__:
+            setattr(mod, attr, inner)
+            swapped.append(f"{mod.__name__.rsplit('.', 1)[-1]}.{attr}")
     return swapped
 
 
 def hf_foreign_functions() -> list[str]:
     """Module-level functions of transformers' Mamba modules that claim to be theirs but run other code:
     a kernel wrapper left in place (it may call a peer's kernel). Empty once `hf_torch_path_only` ran."""
-    import importlib
-    import inspect
-    foreign = []
-    for name in HF_MODELING:
-        mod = importlib.import_module(name)
-        for attr, f in vars(mod).items():
-            if inspect.isfunction(f) and f.__module__ == mod.__name__ and f.__code__.co_filename != mod.__file__:
-                foreign.append(f"{name.rsplit('.', 1)[-1]}.{attr} (code in {f.__code__.co_filename})")
-    return foreign
+    return [f"{mod.__name__.rsplit('.', 1)[-1]}.{attr} (code in {f.__code__.co_filename})"
+            for mod, attr, f in _hf_module_functions()
+            if f.__module__ == mod.__name__ and f.__code__.co_filename != mod.__file__]
 
 
 hf_torch_path_only()

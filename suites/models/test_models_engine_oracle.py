@@ -18,7 +18,6 @@ from harness.engine.scheduler import Request
 from harness.checks import tolerance_for
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason
-from harness.testing import unsupported_skips
 
 from models_hf_oracle import Dims, mamba2_group_choices, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers
 
@@ -63,8 +62,7 @@ def test_models_engine_greedy_matches_transformers(family, data, impl, device, c
         model.save_pretrained(tmp)
         w = load_weights(tmp, device=device)
     runner = factory((w.config, w.params), num_slots=4, token_budget=budget)
-    with unsupported_skips(factory.impl):  # a peer that cannot run some engine step (e.g. no initial state)
-        results = runner.run([Request(f"r{i}", p, max_new_tokens=N_NEW) for i, p in enumerate(prompts)])
+    results = runner.run([Request(f"r{i}", p, max_new_tokens=N_NEW) for i, p in enumerate(prompts)])
     # transformers runs in fp32: the comparison cannot be tighter than fp32's policy (x2 for depth)
     tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
     for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 from harness.impls.optest import (ALL_DTYPES, gen, interp_small, lengths_st, other_layout_pool,
                                   qsl_from, randn, require, require_nightly_gpu, run_pool_case, token_mask)
-from harness.testing import LAYOUTS, choose_slots, make_pool, unsupported_skips
+from harness.testing import LAYOUTS, choose_slots, make_pool
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
 seeds = st.integers(0, 2**31 - 1)
@@ -100,8 +100,7 @@ def test_conv_varlen_offsets_past_2_31(impl, device, check):
     q = torch.tensor([0, T - tail, T], dtype=torch.int32, device=device)
     idx = torch.tensor([0, 2], dtype=torch.int32, device=device)
     hi = torch.tensor([False, True], device=device)
-    with unsupported_skips(impl):
-        y = impl.op("causal_conv1d_varlen")(x, w, None, pool, q, idx, hi, activation="silu")
+    y = impl.op("causal_conv1d_varlen")(x, w, None, pool, q, idx, hi, activation="silu")
     from harness.impls.reference_impl import oracle
     small_pool = pool.clone()
     small_pool[2] = make_pool(3, (D, K - 1), torch.bfloat16, device, seed=1)[2]

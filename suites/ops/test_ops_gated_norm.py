@@ -6,7 +6,6 @@ from hypothesis import given, strategies as st
 from harness.checks import poison_
 from harness.impls.optest import ALL_DTYPES, gen, interp_small, randn, require
 from harness.impls.reference_impl import oracle
-from harness.testing import unsupported_skips
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
 OP = "gated_rms_norm"
@@ -38,8 +37,7 @@ def test_gated_norm_matches_oracle(impl, device, check, dtype, data):
     z = randn(g, (T, D), dtype, device) if has_z else None
     out = poison_(torch.empty((T, D), dtype=dtype, device=device))
     y_ref, _ = oracle(OP, x, w, z, eps=eps, group_size=gs, norm_before_gate=nbg)
-    with unsupported_skips(impl):
-        y = impl.op(OP)(x, w, z, eps=eps, group_size=gs, norm_before_gate=nbg, out=out)
+    y = impl.op(OP)(x, w, z, eps=eps, group_size=gs, norm_before_gate=nbg, out=out)
     assert y is out, "gated_rms_norm: expected the `out=` tensor back"
     check.close(f"{OP}.y", y, y_ref, op=OP, impl=impl.name, dtype=dtype, seed=seed,
                 shapes=dict(x=x, group_size=gs, z=has_z, norm_before_gate=nbg, strided=strided, scale=scale))

@@ -16,7 +16,7 @@ from harness.checks import assert_bitwise_equal, poison_
 from harness.impls.optest import (ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand,
                                   randn, require, require_nightly_gpu, run_pool_case, token_mask)
 from harness.impls.reference_impl import oracle
-from harness.testing import LAYOUTS, choose_slots, make_pool, unsupported_skips
+from harness.testing import LAYOUTS, choose_slots, make_pool
 
 OP = "ssd_varlen"
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
@@ -109,8 +109,7 @@ def test_ssd_varlen_matches_oracle(impl, device, check, dtype, data):
     is written and returned; pad and unnamed slots stay bitwise unchanged; the same call on a pool of
     the other layout (same slot contents) matches the oracle the same way."""
     require(impl, OP, dtype)
-    with unsupported_skips(impl):
-        _matches_oracle(impl, device, check, dtype, data)
+    _matches_oracle(impl, device, check, dtype, data)
 
 
 def _matches_oracle(impl, device, check, dtype, data):
@@ -128,9 +127,8 @@ def test_ssd_varlen_stress_is_finite(impl, device, check, dtype, data):
     require(impl, OP, dtype)
     args, kw, slots, mask, shapes, seed, _ = ssd_case(data, device, dtype, _small(device),
                                                       stress=True)
-    with unsupported_skips(impl):
-        y, pool = run_pool_case(check, impl, OP, args, kw, pool_pos=9, live_slots=slots, y_mask=mask,
-                                dtype=dtype, seed=seed, shapes=shapes)
+    y, pool = run_pool_case(check, impl, OP, args, kw, pool_pos=9, live_slots=slots, y_mask=mask,
+                            dtype=dtype, seed=seed, shapes=shapes)
     assert bool(torch.isfinite(y[mask.to(y.device)]).all()), "ssd_varlen: non-finite output under stress inputs"
     live = [s for s in slots if s >= 0]
     assert bool(torch.isfinite(pool[live]).all()), "ssd_varlen: non-finite final state under stress inputs"
@@ -152,8 +150,7 @@ def test_ssd_varlen_batch_invariance(impl, device, check, dtype, data):
     pool_all = args[9].clone()
     a_all = list(args)
     a_all[9] = pool_all
-    with unsupported_skips(impl):
-        y_all = op(*a_all, **kw)
+    y_all = op(*a_all, **kw)
     pool_one = args[9].clone()
     tok = slice(T0, None)
     a_one = [args[0][tok], args[1][tok], args[2], args[3][tok], args[4][tok], args[5], args[6],
@@ -161,8 +158,7 @@ def test_ssd_varlen_batch_invariance(impl, device, check, dtype, data):
              torch.tensor([0, lengths[-1]], dtype=torch.int32, device=device),
              torch.tensor([last], dtype=torch.int32, device=device), args[12][-1:]]
     y_ref, pool_ref = oracle(OP, *a_one, **kw)
-    with unsupported_skips(impl):
-        y_one = op(*a_one, **kw)
+    y_one = op(*a_one, **kw)
     y_ref = y_ref.to(device)
     check.close(f"{OP}.y (last request in a batch)", y_all[tok], y_ref, op=OP, impl=impl.name, dtype=dtype,
                 shapes=shapes, seed=seed)
@@ -192,14 +188,13 @@ def test_ssd_varlen_state_of_a_sequence_ending_in_its_first_chunk(impl, device, 
     x, dt, B, Cm = r(T, H, P), torch.rand(T, H, generator=g) * 0.5, r(T, 1, N), r(T, 1, N)
     A, D, dt_bias = -torch.rand(H, generator=g) - 0.5, r(H), torch.rand(H, generator=g) * 0.1
     pool = r(S + 1, H, P, N)  # one slot more than requests: it must stay untouched
-    qsl = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(S)], dtype=torch.int32)
+    qsl = qsl_from(lengths, "cpu")
     idx = torch.arange(S, dtype=torch.int32)
     hi = torch.tensor(from_state)
     args = [x, dt, A, B, Cm, chunk, D, None, dt_bias, pool, qsl, idx, hi]
     y_ref, pool_ref = oracle(OP, *args, dt_softplus=True)
     dev = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-    with unsupported_skips(impl):
-        y = impl.op(OP)(*dev, dt_softplus=True)
+    y = impl.op(OP)(*dev, dt_softplus=True)
     shapes = {"lengths": lengths, "has_initial_state": from_state, "chunk_size": chunk}
     check.close(f"{OP}.y", y, y_ref.to(device), op=OP, impl=impl.name, dtype=torch.float32, shapes=shapes)
     for i in range(S):
@@ -263,8 +258,7 @@ def test_ssd_varlen_int64_offsets(impl, device, check, dtype):
     hi = torch.tensor([False, True], device=device)
     out = poison_(torch.empty_like(x))
     tail_pool = pool.clone()
-    with unsupported_skips(impl):
-        y = impl.op(OP)(x, dt, A, B, C, chunk, None, None, None, pool, qsl, idx, hi, out=out)
+    y = impl.op(OP)(x, dt, A, B, C, chunk, None, None, None, pool, qsl, idx, hi, out=out)
     tok = slice(T0, T)
     y_ref, p_ref = oracle(OP, x[tok], dt[tok], A, B[tok], C[tok], chunk, None, None, None, tail_pool,
                           torch.tensor([0, L], dtype=torch.int32, device=device), idx[1:], hi[1:])

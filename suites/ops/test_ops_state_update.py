@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from harness.impls.optest import (ALL_DTYPES, gen, interp_small, other_layout_pool, rand, randn,
                                   require, require_nightly_gpu, run_pool_case)
-from harness.testing import LAYOUTS, choose_slots, make_pool, unsupported_skips
+from harness.testing import LAYOUTS, choose_slots, make_pool
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
 OP = "selective_state_update"
@@ -112,8 +112,7 @@ def test_state_update_offsets_past_2_31(impl, device, check):
     from harness.impls.reference_impl import oracle
     small = pool[-1:].clone()
     y_ref, p_ref = oracle(OP, small, x, dt, A, B, C, None, None, None, torch.tensor([0], device=device))
-    with unsupported_skips(impl):
-        y = impl.op(OP)(pool, x, dt, A, B, C, None, None, None, torch.tensor([slots - 1], device=device))
+    y = impl.op(OP)(pool, x, dt, A, B, C, None, None, None, torch.tensor([slots - 1], device=device))
     check.close("y", y, y_ref, op=OP, impl=impl.name, dtype=torch.bfloat16, shapes=dict(state=list(pool.shape)))
     check.close("pool[last]", pool[-1], p_ref[0], op=OP, impl=impl.name, dtype=torch.float32,
                 shapes=dict(state=list(pool.shape)))

@@ -11,7 +11,6 @@ from hypothesis import example, given
 from harness.scenarios import (Scenario, factory_for, prop_batch_invariance, prop_determinism,
                                prop_matches_reference, prop_seeding_equivalence, prop_split_invariance, scenarios,
                                skip_reason)
-from harness.testing import unsupported_skips  # a peer declining a step rejects that example
 
 BASE = tuple(range(3, 23))  # 20 tokens shared by the seeding examples
 # wave 1 fills the cache (tracked); wave 2 mixes seeded tracked, seeded untracked and unseeded requests
@@ -40,8 +39,7 @@ def _factory(impl, device):
 def test_scen_engine_matches_reference(impl, device, check, case):
     """Every request of a scenario (waves, chunks, cache seeding, padding) equals the float64 oracle run
     alone: step logits, tie-aware greedy tokens, final states, and every prefix-cache snapshot."""
-    with unsupported_skips(impl):
-        prop_matches_reference(case, _factory(impl, device), check=check)
+    prop_matches_reference(case, _factory(impl, device), check=check)
 
 
 @given(case=scenarios(max_requests=3, max_prompt=24, budgets=(1, 12), chunked=True, max_waves=1))
@@ -51,8 +49,7 @@ def test_scen_split_invariance(impl, device, check, case):
     """Chunked prefill with boundaries anywhere (incl. chunks shorter than the conv width and single
     requests) and the prefill->decode switch: the state after every step equals the oracle's, and the
     results equal the same engine with whole prefills."""
-    with unsupported_skips(impl):
-        prop_split_invariance(case, _factory(impl, device), check=check)
+    prop_split_invariance(case, _factory(impl, device), check=check)
 
 
 @given(case=scenarios(min_requests=2, max_requests=5, modes=("none", "align", "all", "all"), max_waves=3,
@@ -62,8 +59,7 @@ def test_scen_split_invariance(impl, device, check, case):
 def test_scen_prefix_seeding(impl, device, check, case):
     """Seeding from prefix-cache snapshots equals computing from scratch, in every cache mode, in batches
     mixing seeded, unseeded, tracked and untracked requests (earlier waves fill the cache)."""
-    with unsupported_skips(impl):
-        prop_seeding_equivalence(case, _factory(impl, device), check=check)
+    prop_seeding_equivalence(case, _factory(impl, device), check=check)
 
 
 @given(case=scenarios(max_requests=4, max_prompt=24, max_waves=1))
@@ -71,8 +67,7 @@ def test_scen_prefix_seeding(impl, device, check, case):
 def test_scen_batch_invariance(impl, device, check, case):
     """Adding, removing or permuting other requests changes nothing for a request; packed equals
     one-by-one."""
-    with unsupported_skips(impl):
-        prop_batch_invariance(case, _factory(impl, device), check=check)
+    prop_batch_invariance(case, _factory(impl, device), check=check)
 
 
 @given(case=scenarios(max_requests=4, max_prompt=24))
@@ -81,8 +76,7 @@ def test_scen_determinism(impl, device, case):
     that claims determinism."""
     if not impl.deterministic:
         pytest.skip(f"implementation {impl.name!r} does not claim determinism")
-    with unsupported_skips(impl):
-        assert prop_determinism(case, _factory(impl, device)) is True
+    assert prop_determinism(case, _factory(impl, device)) is True
 
 
 def test_scen_seeding_examples_really_seed():
