@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 import random
 
 import torch
@@ -92,3 +93,10 @@ def declining(impl):
                 return fn(*args, **kwargs)
         return op
     return dataclasses.replace(impl, ops={name: wrap(fn) for name, fn in impl.ops.items()})
+
+
+def strict_op(impl, name: str):
+    """`impl`'s op `name` as the implementation registered it, without `declining`'s wrapper: for the
+    contract tests (bad input must raise ValueError, the valid base cases must run), where a
+    NotImplementedError is a failure, not a declined case."""
+    return inspect.unwrap(impl.op(name))

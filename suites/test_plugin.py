@@ -163,3 +163,19 @@ def test_unsupported_examples_are_rejected_not_the_whole_test(tmp_path):
     assert "FAILED test_u.py::test_wrong_supported_case_fails" in out, out
     assert "1 failed, 2 passed, 1 skipped" in out, out
     assert "no generated example is supported: peer: odd sizes are not supported" in out, out
+
+
+def test_strict_op_keeps_not_implemented_a_failure():
+    """Contract tests call strict_op: for them a NotImplementedError is a failure, not a declined case."""
+    from harness.impls import Impl
+    from harness.testing import declining, strict_op
+
+    def op(*a, **k):
+        raise NotImplementedError("no such case")
+
+    wrapped = declining(Impl(name="peer", devices=("cpu",), ops={"ssd_varlen": op}))
+    assert strict_op(wrapped, "ssd_varlen") is op
+    with pytest.raises(NotImplementedError):
+        strict_op(wrapped, "ssd_varlen")()
+    with pytest.raises(pytest.skip.Exception, match="peer: no such case"):
+        wrapped.op("ssd_varlen")()

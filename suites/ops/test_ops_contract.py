@@ -6,6 +6,7 @@ import torch
 
 from harness.checks import assert_bitwise_equal, poison_
 from harness.impls.optest import require
+from harness.testing import strict_op
 
 I32 = torch.int32
 
@@ -152,7 +153,7 @@ def test_bad_input_raises_before_launch(impl, device, case, what, arg, mutate):
     args = [kw[n] for n in posn]
     extra = {n: kw[n] for n in ("out", "group_size") if n in kw}
     with pytest.raises(ValueError) as ei:
-        impl.op(op)(*args, **extra)
+        strict_op(impl, op)(*args, **extra)
     assert arg in str(ei.value), f"{op} ({what}): expected the error to name {arg!r}, got: {ei.value}"
     if pool_arg:
         assert_bitwise_equal(f"{op} ({what}): {pool_arg} after a rejected call", kw[pool_arg], pool_before)
@@ -166,7 +167,7 @@ def test_valid_base_case_runs(impl, device, case):
     op = case.split("/")[0]
     require(impl, op)
     kw = CASES[case][0](device)
-    impl.op(op)(*kw.values())
+    strict_op(impl, op)(*kw.values())
 
 
 def test_kernels_compile_for_sm90(device):

@@ -16,7 +16,7 @@ from harness.checks import assert_bitwise_equal, poison_
 from harness.impls.optest import (ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand,
                                   randn, require, require_nightly_gpu, run_pool_case, token_mask)
 from harness.impls.reference_impl import oracle
-from harness.testing import LAYOUTS, choose_slots, make_pool
+from harness.testing import LAYOUTS, choose_slots, make_pool, strict_op
 
 OP = "ssd_varlen"
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
@@ -216,7 +216,7 @@ def test_ssd_varlen_rejects_bad_input(impl, device):
     qsl = torch.tensor([0, T], dtype=torch.int32, device=device)
     idx = torch.tensor([0], dtype=torch.int32, device=device)
     hi = torch.tensor([False], device=device)
-    op = impl.op(OP)
+    op = strict_op(impl, OP)  # a NotImplementedError here fails: bad input must raise ValueError
     good = [x, dt, A, B, B.clone(), 4, None, None, None, pool, qsl, idx, hi]
     cases = {"C": (4, torch.randn(T, 1, N + 1, device=device)),
              "cache_indices": (11, torch.tensor([5], dtype=torch.int32, device=device)),
