@@ -52,22 +52,10 @@ def patched(obj, name: str, new):
         setattr(obj, name, old)
 
 
-OP_ARGS = {
-    "causal_conv1d_varlen": ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices",
-                             "has_initial_state"),
-    "causal_conv1d_update": ("x", "conv_states", "weight", "bias", "conv_state_indices"),
-    "selective_scan_varlen": ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "ssm_states", "query_start_loc",
-                              "cache_indices", "has_initial_state"),
-    "selective_state_update": ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices"),
-    "ssd_varlen": ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "ssm_states", "query_start_loc",
-                   "cache_indices", "has_initial_state"),
-    "gated_rms_norm": ("x", "weight", "z"),
-}
-POOL_ARG = {"causal_conv1d_varlen": "conv_states", "causal_conv1d_update": "conv_states",
-            "selective_scan_varlen": "ssm_states", "selective_state_update": "state", "ssd_varlen": "ssm_states"}
-INDEX_ARG = {"causal_conv1d_varlen": "cache_indices", "causal_conv1d_update": "conv_state_indices",
-             "selective_scan_varlen": "cache_indices", "selective_state_update": "state_batch_indices",
-             "ssd_varlen": "cache_indices"}
+# Argument roles come from the op specs (harness.ops): positional names, the pool, the slot indices.
+OP_ARGS = {n: sp.args for n, sp in C_.SPECS.items()}
+POOL_ARG = {n: sp.pool for n, sp in C_.SPECS.items() if sp.pool}
+INDEX_ARG = {n: sp.index for n, sp in C_.SPECS.items() if sp.index}
 
 
 def wrap_op(op_name: str, fn: Callable, before: Callable | None = None, after: Callable | None = None) -> Callable:

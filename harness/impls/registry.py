@@ -73,9 +73,41 @@ _REGISTRY: dict[str, Impl] = {}
 _loaded = False
 
 
+_PROVIDED: dict[str, dict[str, Callable]] = {}
+
+
+def provides(impl_name: str, op: str):
+    """Decorator: the function implements op `op` of the contract (a spec of `harness.ops`) for the
+    implementation `impl_name`, which collects its ops with `provided(impl_name)`."""
+    from harness.ops import spec
+    spec(op)  # an op name that is no spec fails here, at import
+
+    def deco(fn: Callable) -> Callable:
+        _PROVIDED.setdefault(impl_name, {})[op] = fn
+        return fn
+    return deco
+
+
+def provided(impl_name: str, package: str | None = None) -> dict[str, Callable]:
+    """The ops registered with `@provides(impl_name, ...)`, after importing every module of `package`
+    (so an op's new module is picked up without editing a table)."""
+    if package is not None:
+        import pkgutil
+        pkg = importlib.import_module(package)
+        for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            if not m.name.startswith("_"):
+                importlib.import_module(f"{package}.{m.name}")
+    return dict(_PROVIDED.get(impl_name, {}))
+
+
 def register(impl: Impl, replace: bool = False) -> Impl:
     if not isinstance(impl, Impl):
         raise ValueError(f"impl: expected a harness.impls.Impl, got {type(impl).__name__}")
+    from harness.ops import SPECS
+    unknown = sorted(set(impl.ops) - set(SPECS))
+    if unknown:
+        raise ValueError(f"impl.ops: expected op names of harness.ops {sorted(SPECS)}, got {unknown} "
+                         f"(implementation {impl.name!r})")
     bad = [d for d in impl.devices if d not in DEVICE_KINDS]
     if bad:
         raise ValueError(f"impl.devices: expected entries of {DEVICE_KINDS}, got {bad}")

@@ -6,129 +6,82 @@ import torch
 
 from harness.checks import assert_bitwise_equal, poison_
 from harness.impls.optest import require
+from harness.ops import SPECS
 from harness.testing import strict_op
 
-I32 = torch.int32
+
+def _cases():
+    """case id -> (op spec, contract shape): every spec's tiny valid cases (harness.ops)."""
+    cases = {}
+    for name, sp in SPECS.items():
+        shapes = sp.shapes["contract"]
+        for sh in shapes:
+            cid = name if len(shapes) == 1 else f"{name}/{sh.get('layout', shapes.index(sh))}"
+            cases[cid] = (sp, sh)
+    return cases
 
 
-def _conv_varlen(dev):
-    T, D, K = 5, 4, 3
-    return dict(x=torch.randn(T, D, device=dev), weight=torch.randn(D, K, device=dev), bias=None,
-                conv_states=torch.randn(3, D, K - 1, device=dev),
-                query_start_loc=torch.tensor([0, 2, 5], dtype=I32, device=dev),
-                cache_indices=torch.tensor([2, 0], dtype=I32, device=dev),
-                has_initial_state=torch.tensor([True, False], device=dev))
+CASES = _cases()
 
 
-def _conv_update(dev):
-    D, K = 4, 3
-    return dict(x=torch.randn(2, D, device=dev), conv_states=torch.randn(3, D, K - 1, device=dev),
-                weight=torch.randn(D, K, device=dev), bias=None,
-                conv_state_indices=torch.tensor([1, 2], dtype=I32, device=dev))
-
-
-def _scan(dev):
-    T, Dm, N = 5, 4, 3
-    return dict(u=torch.randn(T, Dm, device=dev), delta=torch.randn(T, Dm, device=dev),
-                A=-torch.rand(Dm, N, device=dev), B=torch.randn(T, 1, N, device=dev),
-                C=torch.randn(T, 1, N, device=dev), D=None, z=None, delta_bias=None,
-                ssm_states=torch.randn(3, Dm, N, device=dev),
-                query_start_loc=torch.tensor([0, 2, 5], dtype=I32, device=dev),
-                cache_indices=torch.tensor([2, 0], dtype=I32, device=dev),
-                has_initial_state=torch.tensor([True, False], device=dev))
-
-
-def _ssu2(dev):
-    H, P, N = 2, 3, 4
-    return dict(state=torch.randn(3, H, P, N, device=dev), x=torch.randn(2, H, P, device=dev),
-                dt=torch.randn(2, H, device=dev), A=-torch.rand(H, device=dev), B=torch.randn(2, 1, N, device=dev),
-                C=torch.randn(2, 1, N, device=dev), D=None, z=None, dt_bias=None,
-                state_batch_indices=torch.tensor([0, 2], dtype=I32, device=dev))
-
-
-def _ssu1(dev):
-    Dm, N = 4, 3
-    return dict(state=torch.randn(3, Dm, N, device=dev), x=torch.randn(2, Dm, device=dev),
-                dt=torch.randn(2, Dm, device=dev), A=-torch.rand(Dm, N, device=dev),
-                B=torch.randn(2, 1, N, device=dev), C=torch.randn(2, 1, N, device=dev), D=None, z=None,
-                dt_bias=None, state_batch_indices=torch.tensor([0, 2], dtype=I32, device=dev))
-
-
-def _ssd(dev):
-    T, H, P, N = 5, 2, 3, 4
-    return dict(x=torch.randn(T, H, P, device=dev), dt=torch.randn(T, H, device=dev), A=-torch.rand(H, device=dev),
-                B=torch.randn(T, 1, N, device=dev), C=torch.randn(T, 1, N, device=dev), chunk_size=4, D=None,
-                z=None, dt_bias=None, ssm_states=torch.randn(3, H, P, N, device=dev),
-                query_start_loc=torch.tensor([0, 2, 5], dtype=I32, device=dev),
-                cache_indices=torch.tensor([2, 0], dtype=I32, device=dev),
-                has_initial_state=torch.tensor([True, False], device=dev))
-
-
-def _norm(dev):
-    return dict(x=torch.randn(3, 6, device=dev), weight=torch.randn(6, device=dev), z=torch.randn(3, 6, device=dev))
-
-
-# op -> (builder, pool argument or None, positional arg names in order)
-CASES = {
-    "causal_conv1d_varlen": (_conv_varlen, "conv_states"),
-    "causal_conv1d_update": (_conv_update, "conv_states"),
-    "selective_scan_varlen": (_scan, "ssm_states"),
-    "selective_state_update/mamba2": (_ssu2, "state"),
-    "selective_state_update/mamba1": (_ssu1, "state"),
-    "ssd_varlen": (_ssd, "ssm_states"),
-    "gated_rms_norm": (_norm, None),
-}
-
-_qsl_ops = ("causal_conv1d_varlen", "selective_scan_varlen", "ssd_varlen")
-_idx_arg = {"causal_conv1d_varlen": "cache_indices", "selective_scan_varlen": "cache_indices",
-            "ssd_varlen": "cache_indices", "causal_conv1d_update": "conv_state_indices",
-            "selective_state_update/mamba2": "state_batch_indices",
-            "selective_state_update/mamba1": "state_batch_indices"}
-_first = {"causal_conv1d_varlen": "x", "causal_conv1d_update": "x", "selective_scan_varlen": "u",
-          "selective_state_update/mamba2": "x", "selective_state_update/mamba1": "x", "ssd_varlen": "x",
-          "gated_rms_norm": "x"}
+def _build(case, device):
+    sp, shape = CASES[case]
+    return sp.inputs(shape, torch.float32, device, torch.Generator().manual_seed(0))
 
 
 def _mutations():
-    """(case, mutation name, argument the error must name, mutate(kwargs) -> None)."""
+    """(case, mutation name, argument the error must name, mutate(kwargs) -> None): the generic ones
+    from each spec's argument roles, plus the spec's own `bad_inputs`."""
     m = []
-    for case in CASES:
-        a = _first[case]
+    for case, (sp, _) in CASES.items():
+        a = sp.args[0] if sp.pool != sp.args[0] else sp.args[1]  # the first activation
         m.append((case, "int activations", a, lambda k, a=a: k.__setitem__(a, k[a].to(torch.int32))))
         m.append((case, "extra dim", a, lambda k, a=a: k.__setitem__(a, k[a][None])))
         m.append((case, "out of wrong shape", "out", lambda k, a=a: k.__setitem__("out", torch.empty(
             (k[a].shape[0] + 1,) + tuple(k[a].shape[1:]), dtype=k[a].dtype, device=k[a].device))))
         m.append((case, "out of wrong dtype", "out", lambda k, a=a: k.__setitem__("out", torch.empty_like(
             k[a], dtype=torch.float64 if k[a].dtype != torch.float64 else torch.float32))))
-        if case in _idx_arg:
-            i = _idx_arg[case]
-            m.append((case, "slot id past the pool", i, lambda k, i=i: k[i].__setitem__(0, 3)))
+        if sp.index:
+            i, p = sp.index, sp.pool
+            m.append((case, "slot id past the pool", i, lambda k, i=i, p=p: k[i].__setitem__(0, k[p].shape[0])))
             m.append((case, "negative slot id (not pad)", i, lambda k, i=i: k[i].__setitem__(0, -2)))
             m.append((case, "float slot ids", i, lambda k, i=i: k.__setitem__(i, k[i].float())))
             m.append((case, "duplicate live slots", i, lambda k, i=i: k[i].__setitem__(1, int(k[i][0]))))
-        if case in _qsl_ops:
+        if sp.varlen:
+            T = lambda k: int(k["query_start_loc"][-1])  # noqa: E731
             m.append((case, "query_start_loc ends before T", "query_start_loc",
-                      lambda k: k["query_start_loc"].__setitem__(-1, 4)))
+                      lambda k: k["query_start_loc"].__setitem__(-1, T(k) - 1)))
             m.append((case, "query_start_loc ends after T", "query_start_loc",
-                      lambda k: k["query_start_loc"].__setitem__(-1, 6)))
+                      lambda k: k["query_start_loc"].__setitem__(-1, T(k) + 1)))
             m.append((case, "query_start_loc not from 0", "query_start_loc",
                       lambda k: k["query_start_loc"].__setitem__(0, 1)))
             m.append((case, "query_start_loc decreasing", "query_start_loc",
-                      lambda k: k["query_start_loc"].__setitem__(1, 6)))
+                      lambda k: k["query_start_loc"].__setitem__(1, T(k) + 1)))
             m.append((case, "has_initial_state not bool", "has_initial_state",
                       lambda k: k.__setitem__("has_initial_state", k["has_initial_state"].int())))
-        if case.startswith("selective_state_update") or case in ("selective_scan_varlen", "ssd_varlen"):
-            m.append((case, "B with a group count not dividing", "B",
-                      lambda k: k.__setitem__("B", torch.cat([k["B"]] * 3, dim=1))))
-        if case == "causal_conv1d_varlen" or case == "causal_conv1d_update":
-            m.append((case, "kernel width 9", "weight", lambda k: k.__setitem__("weight", torch.randn(
-                k["weight"].shape[0], 9, device=k["weight"].device))))
-        if case == "selective_state_update/mamba2":
-            m.append((case, "state with 5 dims", "state", lambda k: k.__setitem__("state", k["state"][..., None])))
-            m.append((case, "D of wrong shape", "D", lambda k: k.__setitem__("D", torch.randn(
-                5, device=k["x"].device))))
-        if case == "gated_rms_norm":
-            m.append((case, "group_size not dividing D", "group_size", lambda k: k.__setitem__("group_size", 4)))
+        if sp.index:
+            i, p = sp.index, sp.pool
+            m.append((case, "pad_slot_id 1.5", "pad_slot_id", lambda k: k.__setitem__("pad_slot_id", 1.5)))
+            m.append((case, "pad_slot_id None", "pad_slot_id", lambda k: k.__setitem__("pad_slot_id", None)))
+            m.append((case, "slot ids on the meta device", i, lambda k, i=i: k.__setitem__(i, k[i].to("meta"))))
+            m.append((case, "pool whose slots share memory", p,
+                      lambda k, p=p: k.__setitem__(p, k[p][:1].expand(k[p].shape))))
+        if "dt_limit" in sp.options:
+            m.append((case, "dt_limit of strings", "dt_limit", lambda k: k.__setitem__("dt_limit", ("a", "b"))))
+            m.append((case, "dt_limit NaN", "dt_limit", lambda k: k.__setitem__("dt_limit", (float("nan"), 1.0))))
+            m.append((case, "dt_limit not a pair", "dt_limit", lambda k: k.__setitem__("dt_limit", 0.5)))
+        if "eps" in sp.options:
+            m.append((case, "eps a string", "eps", lambda k: k.__setitem__("eps", "1e-6")))
+            m.append((case, "eps NaN", "eps", lambda k: k.__setitem__("eps", float("nan"))))
+        if "chunk_size" in sp.args:
+            m.append((case, "chunk_size True", "chunk_size", lambda k: k.__setitem__("chunk_size", True)))
+        if "D" in sp.args:
+            m.append((case, "D of int64", "D", lambda k: k.__setitem__("D", torch.ones(
+                k["A"].shape[0], dtype=torch.int64, device=k["A"].device))))
+            m.append((case, "D complex", "D", lambda k: k.__setitem__("D", torch.ones(
+                k["A"].shape[0], dtype=torch.complex64, device=k["A"].device))))
+        for what, arg, mutate in sp.bad_inputs:
+            m.append((case, what, arg, mutate))
     return m
 
 
@@ -139,21 +92,18 @@ MUTATIONS = _mutations()
 def test_bad_input_raises_before_launch(impl, device, case, what, arg, mutate):
     """Bad input raises ValueError naming the argument, and neither the pool nor `out=` is touched
     (nothing launched)."""
-    op = case.split("/")[0]
+    sp = CASES[case][0]
+    op = sp.name
     require(impl, op)
-    build, pool_arg = CASES[case]
-    kw = build(device)
+    kw = _build(case, device)
     mutate(kw)
+    pool_arg = sp.pool
     pool_before = kw[pool_arg].clone() if pool_arg else None
     if "out" in kw:
         poison_(kw["out"])
         out_before = kw["out"].clone()
-    names = list(kw)
-    posn = [n for n in names if n not in ("out", "group_size")]
-    args = [kw[n] for n in posn]
-    extra = {n: kw[n] for n in ("out", "group_size") if n in kw}
     with pytest.raises(ValueError) as ei:
-        strict_op(impl, op)(*args, **extra)
+        sp.call(strict_op(impl, op), kw)
     assert arg in str(ei.value), f"{op} ({what}): expected the error to name {arg!r}, got: {ei.value}"
     if pool_arg:
         assert_bitwise_equal(f"{op} ({what}): {pool_arg} after a rejected call", kw[pool_arg], pool_before)
@@ -164,10 +114,9 @@ def test_bad_input_raises_before_launch(impl, device, case, what, arg, mutate):
 @pytest.mark.parametrize("case", list(CASES))
 def test_valid_base_case_runs(impl, device, case):
     """The unmutated base cases above are valid (so each bad-input test isolates one defect)."""
-    op = case.split("/")[0]
-    require(impl, op)
-    kw = CASES[case][0](device)
-    strict_op(impl, op)(*kw.values())
+    sp = CASES[case][0]
+    require(impl, sp.name)
+    sp.call(strict_op(impl, sp.name), _build(case, device))
 
 
 def test_kernels_compile_for_sm90(device):

@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots
 
 
+@provides("torch", "causal_conv1d_varlen")
 def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                          *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
@@ -51,6 +53,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     return emit(y, x, out)
 
 
+@provides("torch", "causal_conv1d_update")
 def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
                          pad_slot_id=C.PAD_SLOT_ID, out=None):
     Bsz, D, K = C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation,

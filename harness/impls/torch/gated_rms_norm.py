@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.torch._util import compute_dtype, emit, silu
 
 
+@provides("torch", "gated_rms_norm")
 def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
     T, Dd, gs = C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
     cd = compute_dtype(x.dtype)

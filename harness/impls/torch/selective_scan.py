@@ -19,6 +19,7 @@ import math
 import torch
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots, softplus
 
 ELEMENT_BUDGET = 1 << 22
@@ -29,6 +30,7 @@ def _chunk_len(S, Dm, N):
     return max(1, min(MAX_CHUNK, int(math.sqrt(ELEMENT_BUDGET / max(1, S * Dm * N)))))
 
 
+@provides("torch", "selective_scan_varlen")
 def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
                           has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, Dm, N, G, S = C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states,

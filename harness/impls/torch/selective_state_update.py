@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots, softplus, up
 
 
@@ -16,6 +17,7 @@ def effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd):
     return d.clamp(min=float(dt_limit[0]), max=float(dt_limit[1]))
 
 
+@provides("torch", "selective_state_update")
 def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
                            dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,

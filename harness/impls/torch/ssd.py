@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import ops as C_
+from harness.impls.registry import provides
 
 __all__ = ["ssd_varlen", "effective_dt", "chunk_table"]
 
@@ -54,6 +55,7 @@ def chunk_table(query_start_loc: torch.Tensor, chunk_size: int):
     return starts, lens, seq, pos
 
 
+@provides("torch", "ssd_varlen")
 def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
                has_initial_state, *, dt_softplus=True, dt_limit=(0.0, math.inf), pad_slot_id=C_.PAD_SLOT_ID,
                out=None):

@@ -7,23 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.impls.registry import Impl, register
+from harness.impls.registry import Impl, provided, register
 from harness.impls.triton._common import has_gpu, interpreting
-from harness.impls.triton.conv1d import causal_conv1d_update, causal_conv1d_varlen
-from harness.impls.triton.gated_rms_norm import gated_rms_norm
-from harness.impls.triton.selective_scan import selective_scan_varlen
-from harness.impls.triton.selective_state_update import selective_state_update
-from harness.impls.triton.ssd import ssd_varlen
-
-OPS = {
-    "causal_conv1d_varlen": causal_conv1d_varlen,
-    "causal_conv1d_update": causal_conv1d_update,
-    "selective_scan_varlen": selective_scan_varlen,
-    "selective_state_update": selective_state_update,
-    "ssd_varlen": ssd_varlen,
-    "gated_rms_norm": gated_rms_norm,
-}
-
 
 
 def _unavailable():
@@ -37,6 +22,7 @@ def _unavailable():
 _DTYPES = (torch.float32, torch.float64) if interpreting() else (
     torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
-IMPL = register(Impl(name="triton", ops=OPS, devices=("cuda", "xpu", "cpu"), dtypes=_DTYPES,
+IMPL = register(Impl(name="triton", ops=provided("triton", __name__), devices=("cuda", "xpu", "cpu"),
+                     dtypes=_DTYPES,
                      deterministic=True, unavailable=_unavailable,
                      description="our Triton kernels (cpu via TRITON_INTERPRET=1, fp32/fp64 only)"))

@@ -54,45 +54,16 @@ def _intercept(kernel, seen, target):
     kernel.__class__ = type("AOT" + type(kernel).__name__, (type(kernel),), {"__getitem__": getitem})
 
 
-def _drive_ops(dtype, ssd, conv1d, gated_rms_norm, selective_scan, selective_state_update):
-    """Every op with and without its optional inputs, small shapes (the launch configs are the GPU ones)."""
-    r = lambda *s, dt=dtype: torch.randn(*s).to(dt)
-    i32 = lambda v: torch.tensor(v, dtype=torch.int32)
-    qsl, idx, hi = i32([0, 100, 600]), i32([0, 2]), torch.tensor([True, False])
-    for full in (True, False):
-        # conv1d: prefill and decode
-        D, K = 96, 4
-        conv1d.causal_conv1d_varlen(r(600, D), r(D, K), r(D) if full else None, r(3, D, K - 1), qsl, idx, hi,
-                                    activation="silu" if full else None)
-        conv1d.causal_conv1d_update(r(5, D), r(6, D, K - 1), r(D, K), r(D) if full else None, i32([0, 1, 2, 3, 5]),
-                                    activation="silu" if full else None)
-        # Mamba-1 scan (one piece and several pieces) and both state-update layouts
-        Dm, N = 64, 16
-        for T in (200, 600):
-            q = i32([0, T // 3, T])
-            selective_scan.selective_scan_varlen(
-                r(T, Dm), r(T, Dm), -torch.rand(Dm, N), r(T, 1, N), r(T, 1, N), torch.randn(Dm) if full else None,
-                r(T, Dm) if full else None, torch.randn(Dm) if full else None, torch.zeros(3, Dm, N), q, idx, hi,
-                delta_softplus=full)
-        selective_state_update.selective_state_update(
-            r(6, Dm, N), r(5, Dm), r(5, Dm), -torch.rand(Dm, N), r(5, 1, N), r(5, 1, N),
-            torch.randn(Dm) if full else None, r(5, Dm) if full else None, torch.randn(Dm) if full else None,
-            i32([0, 1, 2, 3, 5]), dt_softplus=full)
-        H, P, G, Nm2 = 8, 16, 2, 32
-        selective_state_update.selective_state_update(
-            r(6, H, P, Nm2), r(5, H, P), r(5, H), -torch.rand(H), r(5, G, Nm2), r(5, G, Nm2),
-            torch.randn(H) if full else None, r(5, H, P) if full else None, torch.randn(H) if full else None,
-            i32([0, 1, 2, 3, 5]), dt_softplus=full)
-        gated_rms_norm.gated_rms_norm(r(40, 128), r(128), r(40, 128) if full else None, group_size=64)
-        # SSD: the pipeline ssd_varlen launches
-        H, P, G, N, CS, L = 8, 64, 2, 128, 256, 600
-        x = r(L, H, P)
-        B = r(L, G, N)
-        ssd.ssd_varlen(x, r(L, H), -torch.rand(H), B, B.clone(), CS,
-                       torch.randn(H, P) if full else None, r(L, H, P) if full else None,
-                       torch.randn(H) if full else None,
-                       torch.zeros(3, H, P, N, dtype=torch.float32 if full else dtype),
-                       qsl, idx, hi, dt_limit=(0.001, 0.1))
+def _drive_ops(dtype, ops):
+    """Every op of the contract at each of its spec's "aot" shapes (with and without optional inputs, the
+    pool dtypes the engine uses; small shapes, the GPU launch configs)."""
+    from harness.ops import SPECS
+    gen = torch.Generator().manual_seed(0)
+    for name, sp in SPECS.items():
+        if name not in ops:
+            continue
+        for shape in sp.shapes.get("aot", ()):
+            sp.call(ops[name], sp.inputs(shape, dtype, "cpu", gen))
 
 
 def main(dtype_names) -> int:
@@ -110,22 +81,21 @@ def main(dtype_names) -> int:
     import triton
 
     import importlib
-    # modules by name: the package re-exports op functions under some of the same names
-    (ssd, conv1d, gated_rms_norm, selective_scan, selective_state_update, ssd_bmm, ssd_chunk_cumsum,
-     ssd_chunk_scan, ssd_chunk_state, ssd_state_passing) = (
-        importlib.import_module("harness.impls.triton." + m) for m in (
-            "ssd", "conv1d", "gated_rms_norm", "selective_scan", "selective_state_update", "ssd_bmm",
-            "ssd_chunk_cumsum", "ssd_chunk_scan", "ssd_chunk_state", "ssd_state_passing"))
+    import pkgutil
+
+    from harness.impls.registry import provided
+    pkg = importlib.import_module("harness.impls.triton")
+    ops = provided("triton", "harness.impls.triton")
     seen: dict = {}
-    for mod in (conv1d, gated_rms_norm, selective_scan, selective_state_update, ssd_bmm, ssd_chunk_cumsum,
-                ssd_chunk_scan, ssd_chunk_state, ssd_state_passing):
+    for m in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"harness.impls.triton.{m.name}")
         for name, obj in vars(mod).items():
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 _intercept(obj, seen, target)
     for dn in dtype_names:
         dtype = getattr(torch, dn)
         try:
-            _drive_ops(dtype, ssd, conv1d, gated_rms_norm, selective_scan, selective_state_update)
+            _drive_ops(dtype, ops)
         except Exception as e:  # noqa: BLE001 - report the first compile error
             print(f"compile error ({dn}): {type(e).__name__}: {e}")
             return 1

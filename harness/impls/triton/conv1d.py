@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
                                           silu_fast, tl_dtype)
 
@@ -269,6 +270,7 @@ def _i64d(D, K, *strides):
     return (D + K) * max([abs(int(v)) for v in strides] + [1]) >= 2 ** 31
 
 
+@provides("triton", "causal_conv1d_varlen")
 def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                          *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
@@ -306,6 +308,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     return y
 
 
+@provides("triton", "causal_conv1d_update")
 def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
                          pad_slot_id=C.PAD_SLOT_ID, out=None):
     Bsz, D, K = C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation,

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.triton._common import device_guard, interpreting, next_power_of_2
 
 
@@ -33,6 +34,7 @@ def _gated_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, eps_ptr, GS, eps, sx0, sx1, s
     tl.store(y_ptr + t * sy0 + c * sy1, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
+@provides("triton", "gated_rms_norm")
 def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
     T, Dd, gs = C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
     y = out if out is not None else torch.empty_like(x)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, compute_dtype, device_guard, exp2_fast, index_type,
                                           interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
 
@@ -269,6 +270,7 @@ def _st(t, i):
     return 0 if t is None else t.stride(i)
 
 
+@provides("triton", "selective_scan_varlen")
 def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
                           has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None,
                           chunk_size=None):

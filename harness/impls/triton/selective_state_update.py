@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from harness import ops as C
+from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
                                           softplus_fast)
 
@@ -262,6 +263,7 @@ def _s(t, i):
     return 0 if t is None else t.stride(i)
 
 
+@provides("triton", "selective_state_update")
 def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
                            dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,

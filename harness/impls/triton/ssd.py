@@ -24,6 +24,7 @@ import math
 import torch
 
 from harness import ops as C_
+from harness.impls.registry import provides
 from harness.impls.triton._common import device_guard, interpreting
 from harness.impls.triton.ssd_bmm import ssd_bmm
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, ssd_chunk_cumsum
@@ -44,6 +45,7 @@ TUNING: dict = {"cumsum": {}, "chunk_state": {}, "state_passing": {}, "bmm": {},
                 "fused_cb": True, "fuse_front": True}
 
 
+@provides("triton", "ssd_varlen")
 def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
                has_initial_state, *, dt_softplus=True, dt_limit=(0.0, math.inf), pad_slot_id=C_.PAD_SLOT_ID,
                out=None):

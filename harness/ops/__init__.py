@@ -1,0 +1,74 @@
+"""The op contract: one signature per op, close to what serving engines call.
+
+Every implementation (ours, a peer's adapter, a user's) provides some of these ops in its
+`Impl.ops` dict under these names, with exactly these signatures. Adapters translate to the peer's
+own calling convention; suites and benchmarks only ever call through this contract.
+
+Conventions for every op
+------------------------
+* Token-major packed layout: the first dim of per-token tensors is the token index over all
+  sequences of the batch concatenated (T tokens). `query_start_loc` (int32/int64, shape (S+1,),
+  on the op's device) splits them into S sequences: starts at 0, non-decreasing, ends at T.
+* State pools: `*_states` are pools of `num_slots` slots (first dim); they may be strided views
+  (e.g. page-major: one buffer per slot holding all layers, each layer a view with a slot stride
+  larger than the slot's numel). Implementations must honour strides, never `.contiguous()` a pool
+  and copy back.
+* `cache_indices[i]` (prefill) / `*_indices[b]` (decode) names the pool slot of sequence i / batch
+  row b. `has_initial_state[i]` (bool): read the slot as the initial state, else start from zeros.
+  After the op, the slot holds the sequence's final state. A request whose index equals
+  `pad_slot_id` (default PAD_SLOT_ID = -1) is padding: its slot is neither read nor written, its
+  output rows are unspecified (suites don't compare them). Slots not named by the batch are left
+  bit-for-bit unchanged.
+* `out=`: an optional preallocated output (suites poison it with NaN before the call); the op writes
+  into it and returns it. Without `out`, a new tensor is returned.
+* dtypes: activations in fp16/bf16/fp32 (fp64 where an implementation supports it); A, D, dt_bias
+  in fp32 (or the activations' dtype); pools in any float dtype (recurrent state usually fp32).
+  Implementations accumulate in fp32 at least.
+* Bad input — wrong dtypes or layouts, indices outside the pool, query_start_loc inconsistent with
+  the token count — raises ValueError (argument, expected, got) *before* any kernel launches: call
+  the `validate_<op>` function of this module first. Index range checks read the indices on the
+  host; inside `no_index_checks()` (e.g. CUDA-graph capture) they are skipped.
+
+Ops
+---
+One module per op in this package (`harness/ops/<op>.py`), each holding the op's signature and
+semantics in its docstring and its `OpSpec` (see `harness.ops.spec`): validator, float64 reference,
+input builder, byte and FLOP counts, benchmark shapes. `SPECS` maps every op name to its spec;
+`OP_NAMES` lists them; `validate_<op>` is each op's validator. `python -m harness.ops` prints them all.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from harness.ops._checks import INF, PAD_SLOT_ID, no_index_checks  # noqa: F401
+from harness.ops.spec import OpSpec
+from reference.validate import fail
+
+SPECS: dict[str, OpSpec] = {}
+
+
+def _discover() -> None:
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if m.name.startswith("_") or m.name == "spec":
+            continue
+        mod = importlib.import_module(f"{__name__}.{m.name}")
+        spec = getattr(mod, "SPEC", None)
+        if not isinstance(spec, OpSpec):
+            raise ImportError(f"harness.ops.{m.name}: expected a module-level SPEC = OpSpec(...), got {spec!r}")
+        if spec.name != m.name:
+            raise ImportError(f"harness.ops.{m.name}: expected SPEC.name == {m.name!r}, got {spec.name!r}")
+        SPECS[spec.name] = spec
+        globals()[f"validate_{spec.name}"] = spec.validate
+
+
+_discover()
+
+OP_NAMES = tuple(SPECS)
+
+
+def spec(name: str) -> OpSpec:
+    """The spec of op `name` (ValueError listing the ops otherwise)."""
+    if name not in SPECS:
+        fail("op", f"one of {sorted(SPECS)}", repr(name))
+    return SPECS[name]

@@ -1,0 +1,169 @@
+"""Argument checks shared by the op validators (private to `harness.ops`).
+
+Every check raises ValueError naming (argument, expected, got) through `reference.validate.fail`.
+Index range checks read indices on the host; inside `no_index_checks()` (CUDA-graph capture, the
+benchmark loop) they are skipped.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from reference.validate import check_cu_seqlens, check_tensor, fail
+
+PAD_SLOT_ID = -1
+INF = math.inf
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT_DTYPES = (torch.int32, torch.int64)
+
+_INDEX_CHECKS = [True]
+
+
+@contextlib.contextmanager
+def no_index_checks():
+    """Skip the host-side index range checks (they synchronise; illegal under CUDA-graph capture)."""
+    _INDEX_CHECKS.append(False)
+    try:
+        yield
+    finally:
+        _INDEX_CHECKS.pop()
+
+
+def index_checks_on() -> bool:
+    return _INDEX_CHECKS[-1]
+
+
+def same_device(**tensors):
+    dev = None
+    first = None
+    for k, t in tensors.items():
+        if t is None:
+            continue
+        if dev is None:
+            dev, first = t.device, k
+        elif t.device != dev:
+            fail(k, f"a tensor on {dev} (same device as {first})", f"a tensor on {t.device}")
+
+
+def check_qsl(query_start_loc, num_tokens, arg="query_start_loc"):
+    """query_start_loc: int32/int64 (S+1,), starts at 0, non-decreasing, ends at T. Returns S."""
+    check_tensor(arg, query_start_loc, ndim=1, dtypes=INT_DTYPES)
+    if index_checks_on():
+        check_cu_seqlens(query_start_loc, num_tokens, arg)
+    elif query_start_loc.numel() < 2:
+        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.numel()} entries")
+    return query_start_loc.numel() - 1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_pad_slot_id(pad_slot_id):
+    if not _is_int(pad_slot_id):
+        fail("pad_slot_id", "an int (default -1)", repr(pad_slot_id))
+
+
+def check_indices(arg, idx, n, num_slots, pad_slot_id):
+    """Slot ids: (n,) int, each in [0, num_slots) or the pad id, live ones distinct."""
+    check_pad_slot_id(pad_slot_id)
+    check_tensor(arg, idx, shape=(n,), dtypes=INT_DTYPES)
+    if idx.device.type == "meta":
+        fail(arg, "slot ids on a real device", "a tensor on the meta device")
+    if index_checks_on() and n:
+        i = idx.detach().to("cpu", torch.int64)
+        bad = (i != pad_slot_id) & ((i < 0) | (i >= num_slots))
+        if bool(bad.any()):
+            fail(arg, f"slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}",
+                 f"{i[bad].tolist()} at positions {bad.nonzero().flatten().tolist()}")
+        live = i[i != pad_slot_id]
+        if live.numel() != live.unique().numel():
+            fail(arg, "distinct slot ids for live requests", i.tolist())
+
+
+def check_flags(arg, flags, n):
+    check_tensor(arg, flags, shape=(n,), dtypes=(torch.bool,))
+
+
+def check_out(out, shape, dtype, device):
+    if out is None:
+        return
+    check_tensor("out", out, shape=shape)
+    if out.dtype != dtype:
+        fail("out", f"dtype {dtype}", f"dtype {out.dtype}")
+    if out.device != device:
+        fail("out", f"a tensor on {device}", f"a tensor on {out.device}")
+
+
+def check_groups(arg, t, rows, channels, what):
+    """B / C of shape (rows, G, N) with G dividing `channels`. Returns (G, N)."""
+    check_tensor(arg, t, ndim=3, dtypes=ACT_DTYPES)
+    if t.shape[0] != rows:
+        fail(arg, f"shape ({rows}, G, N)", f"shape {tuple(t.shape)}")
+    G = t.shape[1]
+    if G <= 0 or channels % G != 0:
+        fail(arg, f"a group count G dividing {what}={channels}", f"G={G} (shape {tuple(t.shape)})")
+    return G, t.shape[2]
+
+
+def check_bc(B, C, rows, channels, what, N=None):
+    """B and C with the same (rows, G, N); N must equal `N` when given. Returns (G, N)."""
+    G, NB = check_groups("B", B, rows, channels, what)
+    GC, NC = check_groups("C", C, rows, channels, what)
+    want = NB if N is None else N
+    if NB != want or NC != want or GC != G:
+        fail("B/C", f"shape ({rows}, G, {want}) with the same G", f"B {tuple(B.shape)}, C {tuple(C.shape)}")
+    return G, want
+
+
+def check_dt_limit(dt_limit):
+    """(lo, hi): two real numbers, not NaN, lo <= hi (lo may be negative: dt is then allowed below 0)."""
+    if not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2 or not all(_is_real(v) for v in dt_limit) \
+            or any(math.isnan(v) for v in dt_limit) or not dt_limit[0] <= dt_limit[1]:
+        fail("dt_limit", "(lo, hi): two numbers, lo <= hi, not NaN", repr(dt_limit))
+
+
+def check_eps(eps):
+    if not _is_real(eps) or not math.isfinite(eps) or not eps > 0:
+        fail("eps", "a finite number > 0", repr(eps))
+
+
+def check_chunk_size(chunk_size):
+    if not _is_int(chunk_size) or chunk_size < 1:
+        fail("chunk_size", "a positive int", repr(chunk_size))
+
+
+def check_param(arg, t, shape, optional=True):
+    """A per-channel parameter (D, dt_bias, ...): a float tensor of the given shape(s)."""
+    shapes = shape if isinstance(shape, list) else [shape]
+    check_tensor(arg, t, dtypes=ACT_DTYPES, optional=optional)
+    if t is not None and tuple(t.shape) not in [tuple(s) for s in shapes]:
+        fail(arg, " or ".join(f"shape {tuple(s)}" for s in shapes), f"shape {tuple(t.shape)}")
+
+
+def check_disjoint_slots(arg, pool):
+    """No two elements of the pool share memory (an `expand`ed or overlapping view would let writing one
+    slot change another)."""
+    dims = sorted((st, sz) for st, sz in zip(pool.stride(), pool.shape) if sz > 1)
+    extent = 1
+    for st, sz in dims:
+        if st < extent:
+            fail(arg, "a pool whose slots and elements do not overlap in memory",
+                 f"shape {tuple(pool.shape)} with strides {tuple(pool.stride())}")
+        extent = st * (sz - 1) + extent
+
+
+def check_pool(arg, pool, slot_shape):
+    """A state pool (num_slots, *slot_shape) of a float dtype (any strides)."""
+    check_tensor(arg, pool, ndim=1 + len(slot_shape), dtypes=ACT_DTYPES)
+    if tuple(pool.shape[1:]) != tuple(slot_shape):
+        want = ", ".join(str(s) for s in slot_shape)
+        fail(arg, f"shape (num_slots, {want})", f"shape {tuple(pool.shape)}")
+    check_disjoint_slots(arg, pool)

@@ -1,0 +1,110 @@
+"""`OpSpec`: everything the harness knows about one op, declared once, in the op's own module.
+
+Each module `harness/ops/<op>.py` defines `SPEC = OpSpec(...)`; the package discovers them, so adding
+an op is a new file here (plus its implementations). Every table the harness needs is derived from
+the specs: the op names, the reference implementation and the float64 oracle, the selftest's argument
+names, the contract tests' cases, the benchmark input sets, byte and FLOP counts.
+
+Fields
+------
+name        the op's name (the key implementations register under).
+args        positional arguments, in order (the contract's signature).
+options     keyword-only options with their defaults (`pad_slot_id` and `out` included where taken).
+pool        the state-pool argument (read and written in place), or None.
+index       the argument naming each request's pool slot, or None.
+validate    validate(*args, **options): raises ValueError (argument, expected, got) before anything is
+            written; returns the op's dimensions.
+reference   reference(compute_dtype, *args, **options) -> y: the plain-loop reference ops of `reference/`
+            evaluated in `compute_dtype` (float64 for the oracle); writes final states into the pool it is
+            given.
+inputs      inputs(shape: dict, dtype, device, gen) -> dict: one valid input set (keyword arguments by
+            name) for a shape of `shapes`; shared by benchmarks, the contract tests and the AOT compile
+            check. A shape may carry `optional=False` (optional tensors None, activation off) and
+            `pool_dtype`.
+bytes       bytes(inputs) -> int: the fewest bytes the op must move (each input read once, each output
+            written once; pools count only the slots the batch names).
+flops       flops(inputs) -> int: the arithmetic of the op's natural formulation (multiply-adds count 2).
+shapes      {"cpu": [...], "gpu": [...]}: benchmark shapes per device kind; "contract": tiny valid cases
+            (several sequences, at least one without an initial state); "aot": the launch variants to
+            compile ahead of time.
+bad_inputs  op-specific malformed inputs: (what, argument the error must name, mutate(kwargs) -> None);
+            the generic ones (dtypes, ranks, slot ids, query_start_loc, `out=`) are derived from the roles.
+tokens      tokens(shape) -> int | None: tokens processed per call (for tok/s), from a benchmark shape.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from reference.validate import fail
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    args: tuple[str, ...]
+    options: dict
+    validate: Callable
+    reference: Callable
+    inputs: Callable
+    bytes: Callable
+    flops: Callable
+    shapes: dict
+    tokens: Callable
+    pool: str | None = None
+    index: str | None = None
+    bad_inputs: tuple = ()
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        missing = [k for k in ("cpu", "gpu", "contract") if not self.shapes.get(k)]
+        if missing:
+            fail(f"OpSpec({self.name!r}).shapes", "non-empty 'cpu', 'gpu' and 'contract' lists", f"missing {missing}")
+        for role in ("pool", "index"):
+            a = getattr(self, role)
+            if a is not None and a not in self.args:
+                fail(f"OpSpec({self.name!r}).{role}", f"one of the positional args {self.args}", repr(a))
+
+    @property
+    def varlen(self) -> bool:
+        """Takes packed sequences (query_start_loc)."""
+        return "query_start_loc" in self.args
+
+    def split(self, kwargs: dict) -> tuple[list, dict]:
+        """Keyword arguments by name -> (positional list, options) in the contract's order."""
+        unknown = sorted(set(kwargs) - set(self.args) - set(self.options))
+        if unknown:
+            fail("inputs", f"arguments of {self.name} {list(self.args) + list(self.options)}", f"unknown {unknown}")
+        missing = [a for a in self.args if a not in kwargs]
+        if missing:
+            fail("inputs", f"every positional argument of {self.name}", f"missing {missing}")
+        return [kwargs[a] for a in self.args], {k: v for k, v in kwargs.items() if k in self.options}
+
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        """A call's (args, kwargs) -> one dict by name (positional names from `args`)."""
+        if len(args) > len(self.args):
+            fail(self.name, f"at most {len(self.args)} positional arguments", f"{len(args)}")
+        d = dict(zip(self.args, args))
+        d.update(kwargs)
+        return d
+
+    def call(self, fn: Callable, kwargs: dict):
+        """Call `fn` (an implementation of this op) with a by-name input dict."""
+        pos, opt = self.split(kwargs)
+        return fn(*pos, **opt)
+
+
+def check_signature(spec: OpSpec, fn: Callable, where: str) -> None:
+    """An implementation's callable takes the contract's positional args in order (by name where it names
+    them; *args / **kwargs wrappers are accepted as they are)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind in (p.VAR_POSITIONAL,) for p in params):
+        return
+    pos = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if pos[:len(spec.args)] != list(spec.args):
+        fail(where, f"positional arguments {list(spec.args)} (the contract of {spec.name})", f"{pos}")
