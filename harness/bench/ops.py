@@ -2,7 +2,7 @@
 and a model-level Mamba-2 mixer. Backends come from the impl registry (every implementation with the
 op, the `reference` one included) plus any `@register_benchmark` function.
 
-Shapes: on the CPU tiny ones (the run must stay short); on CUDA/XPU the shapes of ANCHORS.md.
+Shapes: on the CPU tiny ones (the run must stay short); on CUDA/XPU the shapes of docs/targets.md.
 Inputs follow the op contract (harness.ops): keyword arguments by name, packed tokens, state pools
 with `cache_indices`, every request with an initial state (so pools are read and written).
 """
