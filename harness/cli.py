@@ -1,4 +1,4 @@
-"""`harness` command line: run, impls (and, as they land: bench, gate, report, selftest).
+"""`harness` command line: run, impls, bench, gate, report, selftest.
 
 Exit codes: 0 success, 1 a check/gate failed, 2 usage error or unreadable input.
 """
@@ -161,7 +161,7 @@ def _bench_args(p):
 cmd_bench.add_args = _bench_args
 
 
-@subcommand("selftest", "break the engine on purpose (BUG_CLASSES variants) and require the scenario properties to catch each (exit 1 if one escapes)")
+@subcommand("selftest", "break the engine on purpose (docs/bug-classes.md variants) and require the scenario properties to catch each (exit 1 if one escapes)")
 def cmd_selftest(args) -> int:
     from harness.selftest import main
     return main(args)

@@ -1,4 +1,4 @@
-"""`harness selftest`: proof that the scenario properties catch the real serving bugs of BUG_CLASSES.md.
+"""`harness selftest`: proof that the scenario properties catch the real serving bugs of docs/bug-classes.md.
 
 Each *variant* breaks one REAL component of the engine on purpose, through a context manager that
 patches (or wraps) it and restores it afterwards:

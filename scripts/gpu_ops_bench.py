@@ -1,4 +1,4 @@
-"""GPU timing of our Triton op kernels on the ANCHORS.md shapes, next to mamba_ssm's Triton ops.
+"""GPU timing of our Triton op kernels on the shapes of docs/targets.md, next to mamba_ssm's Triton ops.
 
 python3 scripts/gpu_ops_bench.py OUT_DIR [--sweep] [--graph-sweep] [--budget SECONDS]
 Phase A times every anchor with the current launch configs; phase B (--sweep) tries other configs
@@ -66,7 +66,6 @@ except Exception as e:  # noqa: BLE001
     print("mamba_ssm not importable:", e, flush=True)
 
 torch.manual_seed(0)
-ANCHORS = {}  # name -> (op, shape, module, fn, nbytes, peer_fn)
 
 
 def conv_prefill(L):

@@ -1,5 +1,5 @@
 """Side-by-side timing of our Triton ops against the peers' compiled CUDA kernels (mamba_ssm's
-selective_scan_fn, causal-conv1d's causal_conv1d_fn / causal_conv1d_update) on the ANCHORS.md shapes,
+selective_scan_fn, causal-conv1d's causal_conv1d_fn / causal_conv1d_update) on the docs/targets.md shapes,
 in one run on one GPU, next to a device-to-device copy measured in the same run.
 
     python3 scripts/gpu_peer_cuda_bench.py OUT.jsonl        (after scripts/peers_setup.sh built the peers)

@@ -1,10 +1,11 @@
-"""Reproduce, on the CPU, the mamba_ssm 2.3.2 varlen-state bug the engine oracle found on the H200.
+"""Reproduce, on the CPU, the mamba_ssm 2.3.2 varlen-state bug the engine oracle found on the H200
+(docs/findings.md).
 
 mamba_ssm's own Triton kernels run under TRITON_INTERPRET=1 (autotune cut to its first config, and
 torch.cuda.device made a no-op, both only in this process), through our adapter, next to the float64
 reference op. A sequence that starts from a state and ends inside its first chunk gets a final state
 without the initial state's contribution (its y is right); across a chunk boundary, or with no initial
-state, the states agree. Needs .peers/mamba_ssm-2.3.2.post1.tar.gz (see ../shared/ANCHORS.md).
+state, the states agree. Needs .peers/mamba_ssm-2.3.2.post1.tar.gz (scripts/peers_setup.sh).
 
     python scripts/peer_ssd_state_cpu.py            # ~1 min on 2 cores
     PYTHONPATH=scripts python -m pytest suites/ops/test_ops_ssd.py --device cpu -k "first_chunk or (matches_oracle and float32)" \

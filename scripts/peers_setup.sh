@@ -13,7 +13,7 @@ if ls .peers/*.whl >/dev/null 2>&1; then
 fi
 _PEER_MS=$(ls -d $P/mamba_ssm-*/ | head -1); _PEER_CC=$(ls -d $P/causal_conv1d-*/ | head -1)
 export PYTHONPATH="$PWD:$P/site:$P/ext:${_PEER_MS%/}:${_PEER_CC%/}:${PYTHONPATH:-}"
-# extensions built by an earlier call (scripts/gpu_s2_call1.sh ships them back gzipped; keep them in .peers/ext)
+# extensions built before (scripts/gpu.sh leaves them gzipped in <logs>/ext/; keep them in .peers/ext)
 for f in .peers/ext/*.so.gz; do [ -e "$f" ] && gunzip -c "$f" > $P/ext/$(basename "${f%.gz}"); done
 export HARNESS_PEERS_STUB_CUDA=1   # adapters install a placeholder selective_scan_cuda until the real one is built
 if [ "${PEERS_BUILD_CUDA:-0}" = 1 ] && ! ls $P/ext/*.so >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
 """`harness bench`: run the benchmark matrix on a device and append timing records to a JSONL file.
 
-    harness bench --device cuda                         # ANCHORS.md shapes, every usable implementation
+    harness bench --device cuda                         # docs/targets.md shapes, every usable implementation
     harness bench --device cpu --reps 5                 # tiny shapes (seconds)
     harness bench --device cuda --op ssd_varlen --impl triton --impl mamba_ssm --cuda-graph
     harness bench --list                                # the declared cases, nothing timed

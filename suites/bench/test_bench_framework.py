@@ -19,7 +19,7 @@ from harness.records import read_records
 TIMING_FIELDS = ("bench", "op", "impl", "device", "dtype", "shape", "tokens", "ms_p20", "ms_p50", "ms_p80",
                  "tok_s", "bytes", "gb_s", "pct_copy_bw", "peer", "cuda_graph")
 
-# (op, shape, ms, GB/s) rows of ANCHORS.md (H200, bf16) whose byte convention is "inputs read once,
+# (op, shape, ms, GB/s) of peers' kernels measured on the H200 (bf16, docs/targets.md) whose byte convention is "inputs read once,
 # outputs written once" including per-token activations and the state slot read and written.
 ANCHOR_ROWS = [
     ("causal_conv1d_varlen", dict(T=4096, D=10240, K=4, S=1), 0.048, 3514),
@@ -34,7 +34,7 @@ ANCHOR_ROWS = [
 
 @pytest.mark.parametrize("op,shape,ms,gbs", ANCHOR_ROWS, ids=[f"{r[0]}-{i}" for i, r in enumerate(ANCHOR_ROWS)])
 def test_byte_counts_match_anchors(op, shape, ms, gbs):
-    """Our fewest-bytes count for an ANCHORS.md shape, divided by its measured time, gives its GB/s
+    """Our fewest-bytes count for a measured H200 shape, divided by its measured time, gives its GB/s
     within 5% (shape-only `meta` tensors, so nothing is allocated)."""
     import harness.bench.ops  # noqa: F401
     inputs = OP_INPUTS[op].make(shape, torch.bfloat16, "meta", None)

@@ -20,7 +20,7 @@ import torch
 # transformers' CPU path calls many tiny ops (depthwise conv1d on a few tokens); with the default
 # OpenMP pool they spin-wait against the other xdist worker on a 2-core box and take 100x longer
 # (0.1 s per conv1d call measured). One intra-op thread per worker process is the right setting for
-# these tiny models; it is set when this helper is imported, i.e. only in processes running the
+# these tiny models; it is set when this module is imported, i.e. only in processes running the
 # models suites.
 torch.set_num_threads(1)
 

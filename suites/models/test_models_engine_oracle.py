@@ -3,7 +3,7 @@ by the fast harness loader onto the device, run through the engine (scheduler, c
 pool, the implementation's kernels through the op contract) as one mixed batch, generate the same greedy
 tokens as transformers' `generate` (tie-aware) with per-step logits within tolerance.
 
-This is issue 4's "greedy tokens match transformers ... for every implementation registered for the
+This is the requirement "greedy tokens match transformers for every implementation registered for the
 device"; the reference-only parity (fp32/fp64, every checkpoint format) is test_models_oracle.py.
 """
 from __future__ import annotations

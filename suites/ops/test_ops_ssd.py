@@ -1,7 +1,7 @@
 """Op suite: ssd_varlen (Mamba-2 SSD over packed varlen sequences), every implementation x dtype against
 the float64 oracle (harness.impls.reference_impl.oracle), on hypothesis-generated batches.
 
-Cases cover the bug classes of /work/shared/BUG_CLASSES.md that live in this op: sequences starting
+Cases cover the bug classes of docs/bug-classes.md that live in this op: sequences starting
 mid-chunk and several requests per batch (4, 5), exp overflow with large |A| (6), 1 < n_groups < H (7),
 pad requests (9), dt handling: bias, softplus, dt_limit clamp (10), int64 offsets (12, nightly, GPU).
 """

@@ -1,4 +1,4 @@
-"""`harness selftest`: every deliberately broken engine variant (BUG_CLASSES 1-5, 7-11) is caught by the
+"""`harness selftest`: every deliberately broken engine variant (bug classes 1-5, 7-11 of docs/bug-classes.md) is caught by the
 scenario properties, with a minimal hypothesis-shrunk request set that the unbroken engine passes.
 Runs on the CPU with the float64 `reference` implementation (independent of --impl / --device)."""
 import torch

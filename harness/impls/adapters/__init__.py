@@ -2,7 +2,7 @@
 contract of `harness.ops`. Each module registers its Impl at import whether or not the package is
 installed; `Impl.unavailable()` imports the package lazily and says why it cannot be used.
 
-Shared helper: `import_peer(module)` imports a peer module; when `HARNESS_PEERS_STUB_CUDA=1` (set by
+Shared by the adapters: `import_peer(module)` imports a peer module; when `HARNESS_PEERS_STUB_CUDA=1` (set by
 scripts/peers_setup.sh) and only mamba_ssm's compiled `selective_scan_cuda` is missing, it installs a
 placeholder module of that name (flagged `__harness_placeholder__`) so mamba_ssm's Triton ops import.
 """
