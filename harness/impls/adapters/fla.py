@@ -1,10 +1,116 @@
-"""Adapter for flash-linear-attention (fla-core). It provides none of the ops of `harness.ops` yet
-(GDN/KDA ops are not in the contract), so it registers with an empty op set: `harness impls` lists
-it, suites skip it for every op."""
+"""Adapter for flash-linear-attention (`fla-core`, a pure-Python wheel of Triton kernels; needs einops).
+
+Impl `fla` (CUDA):
+* gated_delta_rule_varlen <- fla.ops.gated_delta_rule.chunk_gated_delta_rule
+* gated_delta_rule_update <- fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule
+* kda_varlen              <- fla.ops.kda.chunk_kda
+* kda_update              <- fla.ops.kda.fused_recurrent_kda
+fla takes the packed batch as batch 1 with `cu_seqlens` (int64) and one initial state per sequence;
+`state_v_first=True` gives our value-major (V, K) state (its default is (K, V)). The adapter gathers the
+named slots (zeros where a request has no initial state), runs only the live non-empty sequences, and
+writes their final states back; an empty live sequence keeps its initial state (zeros without one), as
+the contract says. Decode rows run as a batch of one-token sequences; pad rows are left out and their
+outputs are zero. Every op validates with harness.ops first, so bad input fails as for our kernels.
+"""
 from __future__ import annotations
 
-from harness.impls.adapters import unavailable_reason
+import torch
+
+from harness import ops as C
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason
 from harness.impls.registry import Impl, register
 
-register(Impl(name="fla", devices=("cuda",), ops={}, unavailable=lambda: unavailable_reason("fla", "fla"),
-              description="flash-linear-attention (no contract op yet)"))
+_GDN = "fla.ops.gated_delta_rule"
+_KDA = "fla.ops.kda"
+
+
+def _gather(pool, slots, use):
+    init = torch.zeros((len(slots),) + tuple(pool.shape[1:]), dtype=torch.float32, device=pool.device)
+    for i, (s, u) in enumerate(zip(slots, use)):
+        if u:
+            init[i] = pool[s].float()
+    return init
+
+
+def _varlen(fn, validate, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+            scale, use_qk_l2norm, pad_slot_id, out):
+    validate(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale=scale,
+             use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    qsl = [int(t) for t in query_start_loc.cpu().tolist()]
+    init_flags = [bool(h) for h in has_initial_state.cpu().tolist()]
+    T, Hv, V = v.shape
+    y = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
+    y.zero_()
+    run = [i for i in live if qsl[i + 1] > qsl[i]]
+    for i in live:
+        if qsl[i + 1] == qsl[i] and not init_flags[i]:
+            ssm_states[idx[i]] = 0
+    if not run:
+        return y
+    tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], device=q.device) for i in run])
+    cu = torch.tensor([0] + [qsl[i + 1] - qsl[i] for i in run], device=q.device).cumsum(0)
+    h0 = _gather(ssm_states, [idx[i] for i in run], [init_flags[i] for i in run])
+    o, hT = fn(q[tok][None], k[tok][None], v[tok][None], g[tok][None], beta[tok][None], scale=scale,
+               initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm),
+               state_v_first=True, cu_seqlens=cu.long())
+    y[tok] = o[0].to(y.dtype)
+    for j, i in enumerate(run):
+        ssm_states[idx[i]] = hT[j].to(ssm_states.dtype)
+    return y
+
+
+def _update(fn, validate, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
+    validate(q, k, v, g, beta, ssm_states, state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
+             pad_slot_id=pad_slot_id, out=out)
+    idx, live = host_slots(state_indices, pad_slot_id)
+    Bsz, Hv, V = v.shape
+    y = out if out is not None else torch.empty((Bsz, Hv, V), dtype=v.dtype, device=v.device)
+    y.zero_()
+    if not live:
+        return y
+    rows = torch.tensor(live, device=q.device)
+    h0 = _gather(ssm_states, [idx[i] for i in live], [True] * len(live))
+    o, hT = fn(q[rows][:, None], k[rows][:, None], v[rows][:, None], g[rows][:, None], beta[rows][:, None],
+               scale=scale, initial_state=h0, output_final_state=True,
+               use_qk_l2norm_in_kernel=bool(use_qk_l2norm), state_v_first=True)
+    y[rows] = o[:, 0].to(y.dtype)
+    for j, i in enumerate(live):
+        ssm_states[idx[i]] = hT[j].to(ssm_states.dtype)
+    return y
+
+
+def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
+                            scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _varlen(lambda *a, **kw: import_peer(_GDN).chunk_gated_delta_rule(*a, **kw),
+                   C.validate_gated_delta_rule_varlen, q, k, v, g, beta, ssm_states, query_start_loc,
+                   cache_indices, has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+                            pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _update(lambda *a, **kw: import_peer(_GDN).fused_recurrent_gated_delta_rule(*a, **kw),
+                   C.validate_gated_delta_rule_update, q, k, v, g, beta, ssm_states, state_indices, scale,
+                   use_qk_l2norm, pad_slot_id, out)
+
+
+def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
+               use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _varlen(lambda *a, **kw: import_peer(_KDA).chunk_kda(*a, **kw), C.validate_kda_varlen, q, k, v, g,
+                   beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
+                   pad_slot_id, out)
+
+
+def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+               pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _update(lambda *a, **kw: import_peer(_KDA).fused_recurrent_kda(*a, **kw), C.validate_kda_update,
+                   q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+register(Impl(name="fla", devices=("cuda",),
+              ops={"gated_delta_rule_varlen": gated_delta_rule_varlen,
+                   "gated_delta_rule_update": gated_delta_rule_update,
+                   "kda_varlen": kda_varlen, "kda_update": kda_update},
+              dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              unavailable=lambda: unavailable_reason("fla-core", _GDN, _KDA),
+              description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA"))
