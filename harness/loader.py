@@ -8,26 +8,10 @@ the two loaders cannot disagree on what a checkpoint means. All metadata is chec
 tensor is read: a bad checkpoint fails with the same ValueError as in the reference loader and nothing
 is returned half-loaded.
 
-Tensor parallelism (rank r of T; as vLLM's MambaMixer / MambaMixer2 shard them). Every mixer
-parameter is cut along one dim (`shard_rule`) into sections; a sharded section of length L gives rank
-r its rows [r*L/T, (r+1)*L/T), a replicated section is copied whole:
-
-  Mamba-1 / Falcon-Mamba (d_inner = Di sharded):
-    in_proj.weight  dim 0, sections [x: Di, z: Di]           both sharded     (column parallel)
-    in_proj.bias    dim 0, as in_proj.weight
-    conv1d.weight   dim 0, [Di] sharded;  conv1d.bias dim 0
-    x_proj.weight   dim 1 (input channels), [Di] sharded    (row parallel: outputs need an all-reduce)
-    dt_proj.weight  dim 0, [Di];  dt_proj.bias dim 0
-    A_log           dim 0, [Di];  D dim 0
-    out_proj.weight dim 1, [Di]                              (row parallel)
-  Mamba-2 (heads H, groups G; G % T == 0 shards groups, G == 1 replicates B/C on every rank):
-    in_proj.weight  dim 0, sections [z: Di, x: Di, B: G*N, C: G*N, dt: H]  z/x/dt sharded, B/C per groups
-    conv1d.weight   dim 0, sections [x: Di, B: G*N, C: G*N];  conv1d.bias the same
-    dt_bias, A_log, D   dim 0, [H]
-    norm.weight     dim 0, [Di]   (with G == 1 and T > 1 the gated norm's variance spans ranks: the
-                                   engine must all-reduce it; the weight slice is still this one)
-    out_proj.weight dim 1, [Di]
-  Embedding, block norms, norm_f, lm_head: replicated.
+Tensor parallelism (rank r of T; as vLLM's mixers shard them). Every mixer parameter is cut along one
+dim (`shard_rule`) into sections; a sharded section of length L gives rank r its rows
+[r*L/T, (r+1)*L/T), a replicated section is copied whole. Each family's cuts are listed in its engine
+module (harness/engine/families/). Embedding, block norms, norm_f, lm_head: replicated.
 
     w = load_weights(folder, device="cuda:0", dtype=torch.bfloat16, tp_rank=0, tp_size=2)
     w.config, w.params["layers.0.mixer.in_proj.weight"], w.tied
@@ -72,51 +56,23 @@ class ShardRule:
 
 
 def check_tp(cfg: ModelConfig, tp_size: int, tp_rank: int) -> None:
-    if not isinstance(tp_size, int) or tp_size < 1:
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size: expected a positive int, got {tp_size!r}")
-    if not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+    if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank: expected an int in [0, {tp_size}), got {tp_rank!r}")
-    if cfg.family == "mamba2":
-        if cfg.num_heads % tp_size:
-            raise ValueError(f"tp_size: expected a divisor of num_heads = {cfg.num_heads}, got {tp_size}")
-        if cfg.n_groups % tp_size and cfg.n_groups != 1:
-            raise ValueError(f"tp_size: expected a divisor of n_groups = {cfg.n_groups} (or n_groups == 1), "
-                             f"got {tp_size}")
-    elif cfg.d_inner % tp_size:
-        raise ValueError(f"tp_size: expected a divisor of d_inner = {cfg.d_inner}, got {tp_size}")
+    from harness.engine import families
+    families.get(cfg.family, "cfg.family").check_tp(cfg, tp_size)
 
 
 def shard_rule(cfg: ModelConfig, name: str) -> ShardRule:
-    """The tensor-parallel cut of one parameter (our name); see the module docstring."""
+    """The tensor-parallel cut of one parameter (our name), as the family's engine module gives it."""
     if not name.startswith("layers.") or ".mixer." not in name:
         return ShardRule(None)
-    p = name.split(".mixer.", 1)[1]
-    Di = cfg.d_inner
-    if cfg.family in ("mamba1", "falcon_mamba"):
-        if p in ("in_proj.weight", "in_proj.bias"):
-            return ShardRule(0, ((Di, True), (Di, True)))
-        if p in ("conv1d.weight", "conv1d.bias", "dt_proj.weight", "dt_proj.bias", "A_log", "D"):
-            return ShardRule(0, ((Di, True),))
-        if p in ("x_proj.weight", "out_proj.weight"):
-            return ShardRule(1, ((Di, True),))
-        if p == "out_proj.bias":
-            return ShardRule(None)
-    else:
-        GN = cfg.n_groups * cfg.d_state
-        g_sharded = cfg.n_groups > 1  # n_groups == 1: B and C replicated on every rank
-        if p in ("in_proj.weight", "in_proj.bias"):
-            return ShardRule(0, ((Di, True), (Di, True), (GN, g_sharded), (GN, g_sharded), (cfg.num_heads, True)))
-        if p in ("conv1d.weight", "conv1d.bias"):
-            return ShardRule(0, ((Di, True), (GN, g_sharded), (GN, g_sharded)))
-        if p in ("dt_bias", "A_log", "D"):
-            return ShardRule(0, ((cfg.num_heads, True),))
-        if p == "norm.weight":
-            return ShardRule(0, ((Di, True),))
-        if p == "out_proj.weight":
-            return ShardRule(1, ((Di, True),))
-        if p == "out_proj.bias":
-            return ShardRule(None)
-    raise ValueError(f"name: expected a mixer parameter of a {cfg.family} model, got {name!r}")
+    from harness.engine import families
+    cut = families.get(cfg.family, "cfg.family").shard_sections(cfg, name.split(".mixer.", 1)[1])
+    if cut is None:
+        raise ValueError(f"name: expected a mixer parameter of a {cfg.family} model, got {name!r}")
+    return ShardRule(*cut)
 
 
 def take_shard(t: torch.Tensor, rule: ShardRule, rank: int, size: int) -> torch.Tensor:

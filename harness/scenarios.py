@@ -41,29 +41,23 @@ import torch
 from hypothesis import strategies as st
 
 from harness.checks import Tolerance, compare, tolerance_for
+from harness.engine import families as engine_families
 from harness.engine.runner import EngineRunner, random_chunk_fn
 from harness.engine.scheduler import Request
-from harness.ops import OP_NAMES
+from reference import families
 from reference.loader import ModelConfig, expected_parameters
 
-FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
+FAMILIES = families.names()  # every registered family
 MODES = ("none", "align", "all")
 
 # ============================================================================ tiny models
 
 def tiny_config(family: str, *, d_model: int = 16, n_layer: int = 2, vocab: int = 60, d_state: int | None = None,
                 d_conv: int = 4, chunk_size: int = 8) -> ModelConfig:
-    """A tiny model config (vocab padded to a multiple of 8, so padding rows exist)."""
-    common = dict(family=family, d_model=d_model, n_layer=n_layer, vocab_size=-(-vocab // 8) * 8,
-                  vocab_size_unpadded=vocab, pad_vocab_size_multiple=8, d_conv=d_conv, expand=2,
-                  d_inner=2 * d_model, conv_bias=True, bias=False, norm_eps=1e-5, residual_in_fp32=True,
-                  tie_embeddings=False, source="hf")
-    if family == "mamba2":
-        return ModelConfig(d_state=d_state or 8, n_groups=2, head_dim=8, num_heads=2 * d_model // 8,
-                           chunk_size=chunk_size, time_step_limit=(0.0, math.inf), mixer_norm_eps=1e-5,
-                           norm_before_gate=False, **common)
-    return ModelConfig(d_state=d_state or 4, dt_rank=4, mixer_rms_eps=1e-6 if family == "falcon_mamba" else None,
-                       chunk_size=chunk_size, **common)
+    """A tiny model config of `family` (vocab padded to a multiple of 8, so padding rows exist); the
+    family's module chooses its own tiny sizes."""
+    return families.get(family).tiny_config(d_model=d_model, n_layer=n_layer, vocab=vocab, d_state=d_state,
+                                            d_conv=d_conv, chunk_size=chunk_size)
 
 
 def random_params(cfg: ModelConfig, seed: int) -> dict:
@@ -434,16 +428,26 @@ PROPERTIES = {
 
 # ============================================================================ suites' helpers
 
-ENGINE_OPS = OP_NAMES  # the engine calls every op of the contract
+def engine_ops(family: str) -> tuple[str, ...]:
+    """The ops an engine running a scenario of `family` calls (its mixer's and the runner's)."""
+    return engine_families.required_ops(family)
+
+
+def lacking_ops(impl, family: str) -> list[str]:
+    """The ops of `family`'s scenarios that `impl` lacks, after `engine_impl` filled in what it can."""
+    have = engine_impl(impl).ops
+    return [o for o in engine_ops(family) if o not in have]
 
 
 def engine_impl(impl):
-    """`impl` completed for the engine: ops it lacks come from the `torch` implementation (the result is
-    named e.g. "mamba_ssm+torch"); an implementation providing none of the engine's ops is returned as is."""
+    """`impl` completed for the engine: ops it lacks (of any family's engine) come from the `torch`
+    implementation (the result is named e.g. "mamba_ssm+torch"); an implementation providing none of the
+    engine's ops is returned as is."""
     from harness.impls import registry
     from harness.impls.registry import Impl
-    missing = [o for o in ENGINE_OPS if o not in impl.ops]
-    if not missing or len(missing) == len(ENGINE_OPS):
+    wanted = engine_families.all_ops()
+    missing = [o for o in wanted if o not in impl.ops]
+    if not missing or len(missing) == len(wanted):
         return impl
     fill = registry.get("torch")
     ops = dict(impl.ops)
@@ -461,11 +465,14 @@ def factory_for(impl, device: str, dtype: torch.dtype | None = None) -> RunnerFa
     return RunnerFactory(impl, dtype=dtype, device=device)
 
 
-def skip_reason(impl, device: str) -> str | None:
-    """Why the scenario suites don't run `impl` here (None: they do)."""
-    missing = [o for o in ENGINE_OPS if o not in engine_impl(impl).ops]
-    if missing:
-        return f"implementation {impl.name!r} lacks the engine ops {missing}"
+def skip_reason(impl, device: str, family: str | None = None) -> str | None:
+    """Why the scenario suites don't run `impl` here (None: they do): for scenarios of `family`, the ops
+    that family needs; without `family`, when `impl` can run no family's scenarios at all."""
+    wanted = (family,) if family is not None else FAMILIES
+    lacking = {f: lacking_ops(impl, f) for f in wanted}
+    if all(lacking.values()):
+        what = "; ".join(f"{f}: {ops}" for f, ops in lacking.items())
+        return f"implementation {impl.name!r} lacks the engine ops ({what})"
     if impl.name == "triton" and device.startswith("cpu"):
         return ("Triton under the CPU interpreter takes 5-100 s per scenario: scenario suites run it on GPU; "
                 "test_scen_backend.py runs one small CPU smoke scenario")

@@ -4,7 +4,8 @@ Each *variant* breaks one REAL component of the engine on purpose, through a con
 patches (or wraps) it and restores it afterwards:
 
 * the metadata builder (``harness.engine.metadata.build_metadata`` / ``chunk_indices_offsets``),
-* the mixer backend (``harness.engine.backend.MixerBackend``),
+* the mixer backend (``harness.engine.backend.MixerBackend``) and the family mixers it runs
+  (``harness.engine.families``),
 * the implementation's ops (wrappers around the ``reference`` -- or ``--impl`` -- ops that mishandle
   pad ids, dt, groups or short conv chunks),
 * a mamba_ssm-style varlen SSD on a GLOBAL chunk grid (:func:`grid_ssd_varlen`, which takes its logical
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from harness import ops as C_
 from harness.engine import backend as backend_mod
 from harness.engine import metadata as metadata_mod
+from harness.engine.families import mamba1 as falcon_engine
 from harness.impls.registry import Impl
 from harness.scenarios import PROPERTIES, RunnerFactory, Scenario, scenarios
 
@@ -218,7 +220,7 @@ def _falcon_norm(kind):
         if kind == "missing":
             return t
         return self.ops["gated_rms_norm"](t.contiguous(), ones, None, eps=float(self.cfg.norm_eps))  # wrong eps
-    return patched(backend_mod.MixerBackend, "falcon_norm", norm)
+    return patched(falcon_engine.FalconMambaMixer, "falcon_norm", norm)
 
 
 def _pad_wrap(base: Impl) -> Impl:

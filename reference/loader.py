@@ -1,16 +1,19 @@
 """Reference weight loader: config detection, checkpoint-name mapping, checkpoint reading.
 
 Formats
-  * Hugging Face checkpoints: `config.json` with `model_type` in {mamba, falcon_mamba, mamba2}
-    (or, lacking it, an `architectures` entry naming one of their CausalLM classes), weights in
+  * Hugging Face checkpoints: `config.json` with a registered family's `model_type` (mamba,
+    falcon_mamba, mamba2, ...; or, lacking it, an `architectures` entry naming one of their classes), weights in
     `model.safetensors`, sharded `model.safetensors.index.json`, `pytorch_model.bin` or a sharded
     `pytorch_model.bin.index.json`.
   * Raw state-spaces (mamba_ssm) checkpoints: `config.json` holding only `d_model`, `n_layer`,
     `vocab_size`, `ssm_cfg` (`ssm_cfg.layer == "Mamba2"` selects Mamba-2), `pad_vocab_size_multiple`,
     `tie_embeddings`, ... (no `model_type`, no `architectures`), weights usually `pytorch_model.bin`.
+    `ssm_cfg.layer` selects the family.
 
-Every format is normalised into one `ModelConfig`. Checkpoint keys map to our parameter names by
-ANCHORED rules (`NAME_RULES`: regexes matched against the whole key), never by substring replacement.
+Every format is normalised into one `ModelConfig` (reference.config); what is family-specific (which
+configs a family reads, its fields, its mixer parameters) comes from the family's module in
+`reference/families/`. Checkpoint keys map to our parameter names by ANCHORED rules (`NAME_RULES`:
+regexes matched against the whole key), never by substring replacement.
 Our parameter names (`expected_parameters`):
 
     embedding.weight                       (vocab_size [padded], d_model)
@@ -24,278 +27,111 @@ that map to one parameter, a wrong shape or a non-floating dtype is a ValueError
 the keys. Nothing is returned half-loaded: all checks run before the result is assembled.
 
 `.bin` files are read only through `torch.load(weights_only=True)`: a pickle that carries code fails.
-Shard paths named by an index must stay inside the checkpoint folder.
+Shard paths named by an index must stay inside the checkpoint folder as written (no absolute path, no
+`..` out of it). Symbolic links are followed alike for every weight file, single or shard: a Hugging
+Face cache snapshot links each of its files into the cache's blob store, outside the snapshot folder.
+Config values are checked for type and range before anything is allocated (see `reference.config`),
+and error messages list at most a few names.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
-FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
+from reference import families
+from reference.config import (MAX_NAMES, CheckpointError, ModelConfig, err, get_bool, get_str, hf_common, name_list,
+                              pad_vocab, short, state_spaces_common)
 
-HF_MODEL_TYPES = {"mamba": "mamba1", "falcon_mamba": "falcon_mamba", "mamba2": "mamba2"}
-HF_ARCHITECTURES = {"MambaForCausalLM": "mamba1", "MambaModel": "mamba1",
-                    "FalconMambaForCausalLM": "falcon_mamba", "FalconMambaModel": "falcon_mamba",
-                    "Mamba2ForCausalLM": "mamba2", "Mamba2Model": "mamba2"}
+__all__ = ["CheckpointError", "ModelConfig", "pad_vocab", "detect_config", "load_config", "mixer_parameter_shapes",
+           "expected_parameters", "map_name", "is_ignored", "plan_names", "check_parameter", "pad_rows",
+           "find_checkpoint_files", "load_bin", "safetensors_keys", "iter_checkpoint_tensors", "check_index_keys",
+           "assemble", "load_checkpoint", "LoadedCheckpoint", "CheckpointFiles", "NamePlan"]
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded as it is; the message names the file and the keys."""
+_err = err
 
 
-def _err(path, msg: str) -> CheckpointError:
-    return CheckpointError(f"{path}: {msg}")
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (empty messages included), cut to `limit` characters."""
+    lines = str(e).splitlines()
+    return lines[0][:limit] if lines else ""
 
 
 # ----------------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """One normalised description of a Mamba-1 / Falcon-Mamba / Mamba-2 language model.
-
-    `vocab_size` is the number of embedding rows (padded to `pad_vocab_size_multiple`);
-    `vocab_size_unpadded` is the tokenizer's vocabulary (greedy decoding argmaxes over it).
-    Mamba-1 fields: `dt_rank`, `mixer_rms_eps` (Falcon-Mamba's weightless B/C/dt RMSNorm; None for
-    plain Mamba-1). Mamba-2 fields: `n_groups`, `head_dim`, `num_heads`, `chunk_size`,
-    `time_step_limit`, `mixer_norm_eps` (the gated RMSNorm), `norm_before_gate`.
-    """
-    family: str
-    d_model: int
-    n_layer: int
-    vocab_size: int
-    vocab_size_unpadded: int
-    pad_vocab_size_multiple: int
-    d_state: int
-    d_conv: int
-    expand: int
-    d_inner: int
-    conv_bias: bool
-    bias: bool
-    norm_eps: float
-    residual_in_fp32: bool
-    tie_embeddings: bool
-    source: str  # "hf" | "state-spaces"
-    # Mamba-1 / Falcon-Mamba
-    dt_rank: int = 0
-    mixer_rms_eps: float | None = None
-    # Mamba-2
-    n_groups: int = 1
-    head_dim: int = 0
-    num_heads: int = 0
-    chunk_size: int = 256
-    time_step_limit: tuple = (0.0, math.inf)
-    mixer_norm_eps: float = 1e-5
-    norm_before_gate: bool = False
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the depthwise conv (Mamba-1: d_inner; Mamba-2: d_inner + 2 * n_groups * d_state)."""
-        if self.family == "mamba2":
-            return self.d_inner + 2 * self.n_groups * self.d_state
-        return self.d_inner
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+def hf_model_types() -> dict[str, str]:
+    """HF `model_type` -> family name, over every registered family."""
+    return {t: f.name for f in families.families() for t in f.hf_model_types}
 
 
-def _get(cfg: dict, key: str, default, kind: Callable, where: str):
-    v = cfg.get(key, default)
-    if v is None:
-        v = default
-    try:
-        if kind is bool:
-            if not isinstance(v, bool):
-                raise TypeError
-            return v
-        if kind is int:
-            if isinstance(v, bool) or int(v) != v:
-                raise TypeError
-            return int(v)
-        return kind(v)
-    except (TypeError, ValueError):
-        raise _err(where, f"config key {key!r}: expected {kind.__name__}, got {v!r}") from None
+def hf_architectures() -> dict[str, str]:
+    """HF `architectures` entry -> family name, over every registered family."""
+    return {a: f.name for f in families.families() for a in f.hf_architectures}
 
 
-def _float_value(v):
-    """JSON floats, including transformers' {"__float__": "Infinity"} encoding."""
-    if isinstance(v, dict) and "__float__" in v:
-        return float(v["__float__"])
-    return float(v)
-
-
-def _positive(where, **values):
-    for k, v in values.items():
-        if v <= 0:
-            raise _err(where, f"config {k}: expected a positive integer, got {v}")
-
-
-def pad_vocab(vocab: int, multiple: int) -> int:
-    if multiple <= 1:
-        return vocab
-    return ((vocab + multiple - 1) // multiple) * multiple
+def state_spaces_layers() -> dict[str, str]:
+    """Raw state-spaces `ssm_cfg.layer` -> family name, over every registered family."""
+    return {layer: f.name for f in families.families() for layer in f.state_spaces_layers}
 
 
 def detect_config(cfg: dict, where: str | os.PathLike = "config.json") -> ModelConfig:
-    """Normalise a config dict (HF or raw state-spaces) into a `ModelConfig`."""
+    """Normalise a config dict (HF or raw state-spaces) into a `ModelConfig`.
+
+    Every value is checked for type and range before anything is derived from it (see reference.config)."""
     if not isinstance(cfg, dict):
         raise _err(where, f"expected a JSON object, got {type(cfg).__name__}")
-    model_type = cfg.get("model_type")
-    family = HF_MODEL_TYPES.get(model_type) if model_type is not None else None
-    if model_type is not None and family is None:
-        raise _err(where, f"model_type: expected one of {sorted(HF_MODEL_TYPES)}, got {model_type!r}")
-    if family is None and cfg.get("architectures"):
+    types = hf_model_types()
+    family = None
+    if cfg.get("model_type") is not None:
+        family = types[get_str(cfg, "model_type", where, None, types)]
+    elif cfg.get("architectures"):
         archs = cfg["architectures"]
-        known = [HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES]
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise _err(where, f"architectures: expected a list of strings, got {short(archs)}")
+        by_arch = hf_architectures()
+        known = [by_arch[a] for a in archs if a in by_arch]
         if not known:
-            raise _err(where, f"architectures: expected one of {sorted(HF_ARCHITECTURES)}, got {archs!r}")
+            raise _err(where, f"architectures: expected one of {sorted(by_arch)}, got {short(archs)}")
         family = known[0]
     if family is not None:
-        return _hf_config(cfg, family, where)
+        fam = families.get(family)
+        return fam.from_hf(cfg, hf_common(cfg, where, tie_default=fam.hf_tie_default), where)
     if all(k in cfg for k in ("d_model", "n_layer", "vocab_size")):
         return _state_spaces_config(cfg, where)
     raise _err(where, "not a known Mamba config: expected an HF config with model_type in "
-                      f"{sorted(HF_MODEL_TYPES)}, or a state-spaces config with d_model, n_layer, "
-                      f"vocab_size; got keys {sorted(cfg)[:12]}")
-
-
-def _hf_config(cfg: dict, family: str, where) -> ModelConfig:
-    d_model = _get(cfg, "hidden_size", None, int, where)
-    n_layer = _get(cfg, "num_hidden_layers", None, int, where)
-    vocab = _get(cfg, "vocab_size", None, int, where)
-    expand = _get(cfg, "expand", 2, int, where)
-    d_state = _get(cfg, "state_size", 128 if family == "mamba2" else 16, int, where)
-    d_conv = _get(cfg, "conv_kernel", 4, int, where)
-    _positive(where, hidden_size=d_model, num_hidden_layers=n_layer, vocab_size=vocab, expand=expand,
-              state_size=d_state, conv_kernel=d_conv)
-    multiple = _get(cfg, "pad_vocab_size_multiple", 1, int, where)
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise _err(where, f"hidden_act: expected 'silu', got {act!r}")
-    common = dict(
-        d_model=d_model, n_layer=n_layer, vocab_size=pad_vocab(vocab, multiple), vocab_size_unpadded=vocab,
-        pad_vocab_size_multiple=max(multiple, 1), d_state=d_state, d_conv=d_conv, expand=expand,
-        conv_bias=_get(cfg, "use_conv_bias", True, bool, where), bias=_get(cfg, "use_bias", False, bool, where),
-        norm_eps=_get(cfg, "layer_norm_epsilon", 1e-5, float, where),
-        residual_in_fp32=_get(cfg, "residual_in_fp32", True, bool, where), source="hf")
-    if family in ("mamba1", "falcon_mamba"):
-        d_inner = int(cfg.get("intermediate_size") or expand * d_model)
-        rank = cfg.get("time_step_rank", "auto")
-        dt_rank = math.ceil(d_model / 16) if rank in (None, "auto") else _get(cfg, "time_step_rank", 0, int, where)
-        _positive(where, time_step_rank=dt_rank, intermediate_size=d_inner)
-        return ModelConfig(
-            family=family, d_inner=d_inner, dt_rank=dt_rank,
-            tie_embeddings=_get(cfg, "tie_word_embeddings", True, bool, where),
-            mixer_rms_eps=(_get(cfg, "mixer_rms_eps", 1e-6, float, where) if family == "falcon_mamba" else None),
-            **common)
-    num_heads = _get(cfg, "num_heads", 128, int, where)
-    head_dim = _get(cfg, "head_dim", 64, int, where)
-    n_groups = _get(cfg, "n_groups", 8, int, where)
-    _positive(where, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups)
-    d_inner = expand * d_model
-    if num_heads * head_dim != d_inner:
-        raise _err(where, f"num_heads * head_dim: expected hidden_size * expand = {d_inner}, "
-                          f"got {num_heads} * {head_dim} = {num_heads * head_dim}")
-    if num_heads % n_groups:
-        raise _err(where, f"n_groups: expected a divisor of num_heads = {num_heads}, got {n_groups}")
-    lim = cfg.get("time_step_limit", (0.0, math.inf))
-    try:
-        lim = tuple(_float_value(v) for v in lim)
-        if len(lim) != 2 or not lim[0] <= lim[1]:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise _err(where, f"time_step_limit: expected [low, high] with low <= high, got {cfg.get('time_step_limit')!r}") from None
-    return ModelConfig(
-        family="mamba2", d_inner=d_inner, n_groups=n_groups, head_dim=head_dim, num_heads=num_heads,
-        chunk_size=_get(cfg, "chunk_size", 256, int, where), time_step_limit=lim,
-        mixer_norm_eps=common["norm_eps"], norm_before_gate=False,
-        tie_embeddings=_get(cfg, "tie_word_embeddings", False, bool, where), **common)
-
-
-# Keys of a state-spaces ssm_cfg we understand; anything else is refused rather than ignored.
-_SS_MAMBA1_KEYS = {"layer", "d_state", "d_conv", "expand", "dt_rank", "conv_bias", "bias", "dt_min", "dt_max",
-                   "dt_init", "dt_scale", "dt_init_floor", "use_fast_path"}
-_SS_MAMBA2_KEYS = {"layer", "d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size", "dt_limit",
-                   "conv_bias", "bias", "rmsnorm", "norm_before_gate", "d_ssm", "D_has_hdim", "dt_min", "dt_max",
-                   "dt_init_floor", "A_init_range", "conv_init", "use_mem_eff_path"}
+                      f"{sorted(types)}, or a state-spaces config with d_model, n_layer, "
+                      f"vocab_size; got keys {name_list(sorted(map(str, cfg)), 12)}")
 
 
 def _state_spaces_config(cfg: dict, where) -> ModelConfig:
-    d_model = _get(cfg, "d_model", None, int, where)
-    n_layer = _get(cfg, "n_layer", None, int, where)
-    vocab = _get(cfg, "vocab_size", None, int, where)
-    multiple = _get(cfg, "pad_vocab_size_multiple", 8, int, where)
-    _positive(where, d_model=d_model, n_layer=n_layer, vocab_size=vocab, pad_vocab_size_multiple=multiple)
     ssm = cfg.get("ssm_cfg") or {}
     if not isinstance(ssm, dict):
-        raise _err(where, f"ssm_cfg: expected an object, got {ssm!r}")
+        raise _err(where, f"ssm_cfg: expected an object, got {short(ssm)}")
     if cfg.get("d_intermediate", 0) or cfg.get("attn_layer_idx"):
         raise _err(where, "d_intermediate / attn_layer_idx: MLP and attention layers are not supported "
-                          f"(got d_intermediate={cfg.get('d_intermediate')}, attn_layer_idx={cfg.get('attn_layer_idx')})")
-    if not cfg.get("rms_norm", True):
+                          f"(got d_intermediate={short(cfg.get('d_intermediate'))}, "
+                          f"attn_layer_idx={short(cfg.get('attn_layer_idx'))})")
+    if not get_bool(cfg, "rms_norm", where, True):
         raise _err(where, "rms_norm: expected true (LayerNorm blocks are not supported), got false")
-    layer = ssm.get("layer", "Mamba1")
-    if layer not in ("Mamba1", "Mamba2"):
-        raise _err(where, f"ssm_cfg.layer: expected 'Mamba1' or 'Mamba2', got {layer!r}")
-    allowed = _SS_MAMBA2_KEYS if layer == "Mamba2" else _SS_MAMBA1_KEYS
-    unknown = sorted(set(ssm) - allowed)
+    layers = state_spaces_layers()
+    layer = get_str(ssm, "layer", where, "Mamba1", layers, prefix="ssm_cfg.")
+    fam = families.get(layers[layer])
+    unknown = sorted(set(map(str, ssm)) - fam.state_spaces_keys)
     if unknown:
-        raise _err(where, f"ssm_cfg: unsupported keys {unknown} for layer {layer}")
-    expand = _get(ssm, "expand", 2, int, where)
-    d_conv = _get(ssm, "d_conv", 4, int, where)
-    d_inner = expand * d_model
-    common = dict(
-        d_model=d_model, n_layer=n_layer, vocab_size=pad_vocab(vocab, multiple), vocab_size_unpadded=vocab,
-        pad_vocab_size_multiple=multiple, d_conv=d_conv, expand=expand, d_inner=d_inner,
-        conv_bias=_get(ssm, "conv_bias", True, bool, where), bias=_get(ssm, "bias", False, bool, where),
-        norm_eps=_get(cfg, "norm_epsilon", 1e-5, float, where),
-        residual_in_fp32=_get(cfg, "residual_in_fp32", True, bool, where),
-        tie_embeddings=_get(cfg, "tie_embeddings", True, bool, where), source="state-spaces")
-    if layer == "Mamba1":
-        d_state = _get(ssm, "d_state", 16, int, where)
-        rank = ssm.get("dt_rank", "auto")
-        dt_rank = math.ceil(d_model / 16) if rank in (None, "auto") else _get(ssm, "dt_rank", 0, int, where)
-        _positive(where, d_state=d_state, d_conv=d_conv, expand=expand, dt_rank=dt_rank)
-        return ModelConfig(family="mamba1", d_state=d_state, dt_rank=dt_rank, **common)
-    d_state = _get(ssm, "d_state", 128, int, where)
-    head_dim = _get(ssm, "headdim", 64, int, where)
-    n_groups = _get(ssm, "ngroups", 1, int, where)
-    _positive(where, d_state=d_state, d_conv=d_conv, expand=expand, headdim=head_dim, ngroups=n_groups)
-    if ssm.get("d_ssm") not in (None, d_inner):
-        raise _err(where, f"ssm_cfg.d_ssm: only d_ssm = d_inner = {d_inner} is supported, got {ssm['d_ssm']}")
-    if ssm.get("D_has_hdim", False):
-        raise _err(where, "ssm_cfg.D_has_hdim: expected false (per-channel D is not supported), got true")
-    if not ssm.get("rmsnorm", True):
-        raise _err(where, "ssm_cfg.rmsnorm: expected true, got false")
-    if d_inner % head_dim:
-        raise _err(where, f"ssm_cfg.headdim: expected a divisor of d_inner = {d_inner}, got {head_dim}")
-    num_heads = d_inner // head_dim
-    if num_heads % n_groups:
-        raise _err(where, f"ssm_cfg.ngroups: expected a divisor of nheads = {num_heads}, got {n_groups}")
-    lim = ssm.get("dt_limit", (0.0, math.inf))
-    try:
-        lim = tuple(_float_value(v) for v in lim)
-        if len(lim) != 2 or not lim[0] <= lim[1]:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise _err(where, f"ssm_cfg.dt_limit: expected [low, high], got {ssm.get('dt_limit')!r}") from None
-    return ModelConfig(family="mamba2", d_state=d_state, n_groups=n_groups, head_dim=head_dim, num_heads=num_heads,
-                       chunk_size=_get(ssm, "chunk_size", 256, int, where), time_step_limit=lim,
-                       mixer_norm_eps=1e-5, norm_before_gate=_get(ssm, "norm_before_gate", False, bool, where),
-                       **common)
+        raise _err(where, f"ssm_cfg: unsupported keys {name_list(unknown)} for layer {layer}")
+    return fam.from_state_spaces(cfg, ssm, state_spaces_common(cfg, ssm, where), where)
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
@@ -317,34 +153,8 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
 # ----------------------------------------------------------------------------------------------
 
 def mixer_parameter_shapes(cfg: ModelConfig) -> dict[str, tuple]:
-    """Shapes of one layer's mixer parameters, named as in HF / state-spaces checkpoints."""
-    D, N, K = cfg.d_inner, cfg.d_state, cfg.d_conv
-    shapes: dict[str, tuple] = {}
-    if cfg.family in ("mamba1", "falcon_mamba"):
-        R = cfg.dt_rank
-        shapes["in_proj.weight"] = (2 * D, cfg.d_model)
-        shapes["conv1d.weight"] = (D, 1, K)
-        shapes["x_proj.weight"] = (R + 2 * N, D)
-        shapes["dt_proj.weight"] = (D, R)
-        shapes["dt_proj.bias"] = (D,)
-        shapes["A_log"] = (D, N)
-        shapes["D"] = (D,)
-        shapes["out_proj.weight"] = (cfg.d_model, D)
-    else:
-        H = cfg.num_heads
-        shapes["in_proj.weight"] = (2 * D + 2 * cfg.n_groups * N + H, cfg.d_model)
-        shapes["conv1d.weight"] = (cfg.conv_dim, 1, K)
-        shapes["dt_bias"] = (H,)
-        shapes["A_log"] = (H,)
-        shapes["D"] = (H,)
-        shapes["norm.weight"] = (D,)
-        shapes["out_proj.weight"] = (cfg.d_model, D)
-    if cfg.conv_bias:
-        shapes["conv1d.bias"] = (cfg.conv_dim,)
-    if cfg.bias:
-        shapes["in_proj.bias"] = (shapes["in_proj.weight"][0],)
-        shapes["out_proj.bias"] = (cfg.d_model,)
-    return shapes
+    """Shapes of one layer's mixer parameters, named as in HF / state-spaces checkpoints (by the family)."""
+    return families.get(cfg.family, "cfg.family").parameter_shapes(cfg)
 
 
 def expected_parameters(cfg: ModelConfig) -> dict[str, tuple]:
@@ -362,25 +172,30 @@ def expected_parameters(cfg: ModelConfig) -> dict[str, tuple]:
 
 # Anchored name rules: (regex matched with fullmatch, our name template). The optional model prefix is
 # `backbone.` (HF and state-spaces) or `model.`; the embedding is `embeddings` (HF) or `embedding`
-# (state-spaces). Mixer parameter names are listed one by one: nothing is renamed by substring.
+# (state-spaces). Mixer parameter names are listed one by one (every registered family's
+# `mixer_parameter_names`): nothing is renamed by substring.
 _PREFIX = r"(?:backbone\.|model\.)?"
-_MIXER_NAMES = ("in_proj.weight", "in_proj.bias", "conv1d.weight", "conv1d.bias", "x_proj.weight",
-                "dt_proj.weight", "dt_proj.bias", "A_log", "D", "dt_bias", "norm.weight",
-                "out_proj.weight", "out_proj.bias")
-_MIXER_ALT = "|".join(re.escape(n) for n in _MIXER_NAMES)
+_LAYER = r"layers\.(0|[1-9][0-9]*)"
+
+
+def _alternatives(names) -> str:
+    return "|".join(re.escape(n) for n in sorted(set(names)))
+
+
+_MIXER_ALT = _alternatives(n for f in families.families() for n in f.mixer_parameter_names)
 NAME_RULES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(rf"{_PREFIX}(?:embeddings|embedding)\.weight"), "embedding.weight"),
-    (re.compile(rf"{_PREFIX}layers\.(0|[1-9][0-9]*)\.norm\.weight"), "layers.{0}.norm.weight"),
-    (re.compile(rf"{_PREFIX}layers\.(0|[1-9][0-9]*)\.mixer\.({_MIXER_ALT})"), "layers.{0}.mixer.{1}"),
+    (re.compile(rf"{_PREFIX}{_LAYER}\.norm\.weight"), "layers.{0}.norm.weight"),
+    (re.compile(rf"{_PREFIX}{_LAYER}\.mixer\.({_MIXER_ALT})"), "layers.{0}.mixer.{1}"),
     (re.compile(rf"{_PREFIX}norm_f\.weight"), "norm_f.weight"),
     (re.compile(r"lm_head\.weight"), "lm_head.weight"),
 )
 
 # Keys that checkpoints carry but that are not parameters (non-persistent buffers saved by older
-# tools). They are dropped by an anchored rule too, never by substring.
+# tools; every family's `ignored_mixer_names`). They are dropped by an anchored rule too, never by substring.
+_IGNORED = [n for f in families.families() for n in f.ignored_mixer_names]
 IGNORED_RULES: tuple[re.Pattern, ...] = (
-    re.compile(rf"{_PREFIX}layers\.(0|[1-9][0-9]*)\.mixer\.(?:b_layernorm|c_layernorm|dt_layernorm)\.weight"),
-)
+    (re.compile(rf"{_PREFIX}{_LAYER}\.mixer\.(?:{_alternatives(_IGNORED)})"),) if _IGNORED else ())
 
 
 def map_name(key: str) -> str | None:
@@ -432,10 +247,11 @@ def plan_names(cfg: ModelConfig, keys: Iterable[str], where) -> NamePlan:
         mapping[name] = key
     problems = []
     if dup:
-        problems.append("keys mapping to the same parameter: " +
-                        "; ".join(f"{a!r} and {b!r} -> {n!r}" for a, b, n in dup))
+        shown = "; ".join(f"{a!r} and {b!r} -> {n!r}" for a, b, n in dup[:MAX_NAMES])
+        more = f"; ... ({len(dup) - MAX_NAMES} more)" if len(dup) > MAX_NAMES else ""
+        problems.append("keys mapping to the same parameter: " + shown + more)
     if unexpected:
-        problems.append(f"unexpected keys {unexpected}")
+        problems.append(f"unexpected keys {name_list(unexpected)}")
     tied: dict[str, str] = {}
     redundant: list[str] = []
     if cfg.tie_embeddings:
@@ -444,7 +260,7 @@ def plan_names(cfg: ModelConfig, keys: Iterable[str], where) -> NamePlan:
             redundant.append(mapping.pop("lm_head.weight"))
     missing = [n for n in expected if n not in mapping and n not in tied]
     if missing:
-        problems.append(f"missing parameters {missing}")
+        problems.append(f"missing parameters {name_list(missing)}")
     if problems:
         raise _err(where, f"checkpoint does not match the {cfg.family} config: " + "; ".join(problems))
     return NamePlan(mapping=mapping, tied=tied, ignored=ignored, redundant_tied=redundant)
@@ -490,15 +306,16 @@ class CheckpointFiles:
 
 
 def _inside(folder: Path, rel: str, index: Path) -> Path:
+    """The shard an index names: a relative path that stays inside `folder` as written (symbolic links are
+    then followed, as for every weight file; see the module doc)."""
     if not isinstance(rel, str) or not rel or os.path.isabs(rel):
-        raise _err(index, f"shard path {rel!r}: expected a relative file name inside {folder}")
-    p = (folder / rel).resolve()
-    try:
-        p.relative_to(folder.resolve())
-    except ValueError:
-        raise _err(index, f"shard path {rel!r} escapes the checkpoint folder {folder}") from None
+        raise _err(index, f"shard path {short(rel)}: expected a relative file name inside {folder}")
+    norm = os.path.normpath(rel)
+    if norm in (os.curdir, os.pardir) or norm.startswith(os.pardir + os.sep):
+        raise _err(index, f"shard path {short(rel)} escapes the checkpoint folder {folder}")
+    p = folder / norm
     if not p.is_file():
-        raise _err(index, f"shard {rel!r} not found in {folder}")
+        raise _err(index, f"shard {short(rel)} not found in {folder}")
     return p
 
 
@@ -539,7 +356,7 @@ def load_bin(path: Path) -> dict[str, torch.Tensor]:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError, RuntimeError (truncated zip), EOFError, ...
         raise _err(path, f"cannot be read as a weights-only torch checkpoint "
-                         f"(torch.load(weights_only=True) refused it: {type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+                         f"(torch.load(weights_only=True) refused it: {type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
         raise _err(path, f"expected a dict of name -> tensor, got {type(sd).__name__}")
     return sd
@@ -556,7 +373,8 @@ def safetensors_keys(path: Path) -> dict[str, tuple]:
                 out[k] = (tuple(sl.get_shape()), sl.get_dtype())
             return out
     except Exception as e:  # SafetensorError: truncated header, incomplete file, bad JSON ...
-        raise _err(path, f"not a readable safetensors file (truncated or corrupt?): {type(e).__name__}: {e}") from None
+        raise _err(path, f"not a readable safetensors file (truncated or corrupt?): {type(e).__name__}: "
+                         f"{_first_line(e)}") from None
 
 
 def iter_checkpoint_tensors(files: CheckpointFiles) -> Iterator[tuple[Path, str, torch.Tensor]]:
@@ -568,7 +386,7 @@ def iter_checkpoint_tensors(files: CheckpointFiles) -> Iterator[tuple[Path, str,
             try:
                 sd = load_file(str(path))
             except Exception as e:
-                raise _err(path, f"not a readable safetensors file: {type(e).__name__}: {e}") from None
+                raise _err(path, f"not a readable safetensors file: {type(e).__name__}: {_first_line(e)}") from None
         else:
             sd = load_bin(path)
         check_index_keys(path, keys, sd.keys())
@@ -583,9 +401,9 @@ def check_index_keys(path: Path, listed: list[str] | None, present: Iterable[str
     present = set(present)
     listed = set(listed)
     if listed - present:
-        raise _err(path, f"keys listed in the index but absent from the shard: {sorted(listed - present)}")
+        raise _err(path, f"keys listed in the index but absent from the shard: {name_list(sorted(listed - present))}")
     if present - listed:
-        raise _err(path, f"keys in the shard that the index does not list: {sorted(present - listed)}")
+        raise _err(path, f"keys in the shard that the index does not list: {name_list(sorted(present - listed))}")
 
 
 # ----------------------------------------------------------------------------------------------

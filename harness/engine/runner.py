@@ -45,7 +45,7 @@ from harness.engine import metadata as metadata_mod
 from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
 from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
-from reference.cache import Mamba1Spec, Mamba2Spec, check_block_size, check_cache_mode
+from reference.cache import check_block_size, check_cache_mode
 from reference.validate import fail
 
 __all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
@@ -85,13 +85,10 @@ def model_parts(model):
 
 
 def state_spec(cfg, conv_dtype: torch.dtype, recurrent_dtype: torch.dtype):
-    """The pool spec of a model config (one layer, TP 1)."""
-    if cfg.family == "mamba2":
-        return Mamba2Spec(num_heads=cfg.num_heads, head_dim=cfg.head_dim, state_size=cfg.d_state,
-                          n_groups=cfg.n_groups, conv_kernel=cfg.d_conv, conv_dtype=conv_dtype,
-                          recurrent_dtype=recurrent_dtype)
-    return Mamba1Spec(intermediate_size=cfg.d_inner, state_size=cfg.d_state, conv_kernel=cfg.d_conv,
-                      conv_dtype=conv_dtype, recurrent_dtype=recurrent_dtype)
+    """The pool spec of a model config (one layer, TP 1), as the config's family defines it."""
+    from reference import families
+    return families.get(cfg.family, "cfg.family").state_spec(cfg, conv_dtype=conv_dtype,
+                                                             recurrent_dtype=recurrent_dtype)
 
 
 def random_chunk_fn(seed: int) -> Callable:

@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from reference import families
 from reference.loader import ModelConfig, expected_parameters
 from reference.validate import fail
 
@@ -47,25 +48,14 @@ PRESETS = {
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def model_config(family: str, layers: int, d_model: int, *, d_state: int | None = None, dt_rank: int | None = None,
-                 head_dim: int = 64, n_groups: int = 8, vocab: int = 32768, expand: int = 2, d_conv: int = 4,
-                 chunk_size: int = 256) -> ModelConfig:
-    if family not in ("mamba1", "falcon_mamba", "mamba2"):
-        fail("family", "mamba1, falcon_mamba or mamba2", repr(family))
-    d_inner = expand * d_model
-    common = dict(family=family, d_model=d_model, n_layer=layers, vocab_size=vocab, vocab_size_unpadded=vocab,
-                  pad_vocab_size_multiple=1, d_conv=d_conv, expand=expand, d_inner=d_inner, conv_bias=True,
-                  bias=False, norm_eps=1e-5, residual_in_fp32=True, tie_embeddings=False, source="hf",
-                  chunk_size=chunk_size)
-    if family == "mamba2":
-        if d_inner % head_dim or (d_inner // head_dim) % n_groups:
-            fail("head_dim/n_groups", f"divisors of d_inner={d_inner} and of its head count",
-                 f"head_dim={head_dim}, n_groups={n_groups}")
-        return ModelConfig(d_state=d_state or 128, n_groups=n_groups, head_dim=head_dim,
-                           num_heads=d_inner // head_dim, time_step_limit=(0.0, math.inf), mixer_norm_eps=1e-5,
-                           norm_before_gate=False, **common)
-    return ModelConfig(d_state=d_state or 16, dt_rank=dt_rank or math.ceil(d_model / 16),
-                       mixer_rms_eps=1e-6 if family == "falcon_mamba" else None, **common)
+def model_config(family: str, layers: int, d_model: int, *, vocab: int = 32768, expand: int = 2, d_conv: int = 4,
+                 chunk_size: int = 256, **fields) -> ModelConfig:
+    """The config of a `family` model of these sizes; `fields` are family fields (d_state, dt_rank, head_dim,
+    n_groups, ...): those the family does not have, and None values, are ignored (its defaults apply)."""
+    fam = families.get(family)
+    own = {k: v for k, v in fields.items() if k in fam.build_fields and v is not None}
+    return fam.build_config(d_model=d_model, n_layer=layers, vocab=vocab, d_conv=d_conv, expand=expand,
+                            chunk_size=chunk_size, **own)
 
 
 def device_params(cfg: ModelConfig, device, dtype, seed: int = 0) -> dict:
@@ -165,27 +155,25 @@ def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int
             emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, error=f"{type(e).__name__}: {e}"[:500])
 
 
+def hf_model_class_and_config(cfg: ModelConfig):
+    """transformers' CausalLM class for `cfg`'s family and its config object (from the family's HF config)."""
+    import transformers
+    d = families.get(cfg.family).to_hf(cfg)
+    d.update(tie_word_embeddings=False, residual_in_fp32=True, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    model_type, arch = d.pop("model_type"), d.pop("architectures")[0]
+    return getattr(transformers, arch), transformers.AutoConfig.for_model(model_type, **d)
+
+
 def hf_config(cfg: ModelConfig):
-    from transformers import FalconMambaConfig, Mamba2Config, MambaConfig
-    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, state_size=cfg.d_state,
-                  num_hidden_layers=cfg.n_layer, conv_kernel=cfg.d_conv, expand=cfg.expand, use_bias=cfg.bias,
-                  use_conv_bias=cfg.conv_bias, tie_word_embeddings=False, residual_in_fp32=True,
-                  layer_norm_epsilon=cfg.norm_eps, bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    if cfg.family == "mamba1":
-        return MambaConfig(time_step_rank=cfg.dt_rank, **common)
-    if cfg.family == "falcon_mamba":
-        return FalconMambaConfig(time_step_rank=cfg.dt_rank, mixer_rms_eps=cfg.mixer_rms_eps, **common)
-    return Mamba2Config(num_heads=cfg.num_heads, head_dim=cfg.head_dim, n_groups=cfg.n_groups,
-                        chunk_size=cfg.chunk_size, **common)
+    return hf_model_class_and_config(cfg)[1]
 
 
 def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int, new_tokens: int, emit):
-    from transformers import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
     from harness.bench.timing import synchronize, time_calls
-    cls = {"mamba1": MambaForCausalLM, "falcon_mamba": FalconMambaForCausalLM, "mamba2": Mamba2ForCausalLM}[cfg.family]
     try:
+        cls, hc = hf_model_class_and_config(cfg)
         with torch.device(device):
-            model = cls(hf_config(cfg)).to(dtype).eval()
+            model = cls(hc).to(dtype).eval()
     except Exception as e:  # noqa: BLE001
         emit(op="model_prefill", tokens=prefill, batch=1, error=f"{type(e).__name__}: {e}"[:500])
         return
@@ -232,14 +220,15 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m harness.engine.throughput", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model shapes (overrides --family etc.)")
-    p.add_argument("--family", choices=("mamba1", "falcon_mamba", "mamba2"), default="mamba1")
+    p.add_argument("--family", choices=families.names(), default="mamba1")
     p.add_argument("--layers", type=int, default=64)
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--d-state", type=int, default=None)
     p.add_argument("--dt-rank", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--n-groups", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=None, help="default: 65024 (mamba1) / 32768 (mamba2)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="default: the family's usual vocabulary (65024 Mamba-1, 32768 Mamba-2)")
     p.add_argument("--chunk-size", type=int, default=256)
     p.add_argument("--impl", default="triton")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
@@ -277,7 +266,7 @@ def run(args) -> int:
     dims = dict(PRESETS[args.preset]) if args.preset else dict(
         family=args.family, layers=args.layers, d_model=args.d_model, d_state=args.d_state, dt_rank=args.dt_rank,
         head_dim=args.head_dim, n_groups=args.n_groups,
-        vocab=args.vocab or (32768 if args.family == "mamba2" else 65024), chunk_size=args.chunk_size)
+        vocab=args.vocab or families.get(args.family).typical_vocab_size, chunk_size=args.chunk_size)
     family = dims.pop("family")
     cfg = model_config(family, dims.pop("layers"), dims.pop("d_model"), **dims)
     dtype = DTYPES[args.dtype]
@@ -292,12 +281,8 @@ def run(args) -> int:
         writer = RecordWriter(args.out)
         writer.write("env", env=environment(device), bench=dict(kind="model_throughput", reps=args.reps,
                                                                 warmup=args.warmup))
-    shape = dict(family=cfg.family, layers=cfg.n_layer, d_model=cfg.d_model, d_inner=cfg.d_inner, d_state=cfg.d_state,
-                 vocab=cfg.vocab_size, prefill=args.prefill, decode_batch=args.decode_batch)
-    if cfg.family == "mamba2":
-        shape.update(num_heads=cfg.num_heads, head_dim=cfg.head_dim, n_groups=cfg.n_groups, chunk_size=cfg.chunk_size)
-    else:
-        shape.update(dt_rank=cfg.dt_rank)
+    shape = dict(family=cfg.family, layers=cfg.n_layer, d_model=cfg.d_model, vocab=cfg.vocab_size,
+                 prefill=args.prefill, decode_batch=args.decode_batch, **families.get(cfg.family).summary(cfg))
     rows: list = []
 
     def emitter(source, impl_name):

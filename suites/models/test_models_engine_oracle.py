@@ -44,7 +44,7 @@ def test_models_engine_greedy_matches_transformers(family, data, impl, device, c
     that splits prefills at arbitrary points) generates transformers' 32 greedy tokens per request
     (a mismatch counts only where transformers' top-2 margin is <= 1e-3 relative), and the logits that
     chose each token match transformers' within the implementation dtype's tolerance (x4 for depth)."""
-    why = skip_reason(impl, device)
+    why = skip_reason(impl, device, family)
     if why:
         pytest.skip(why)
     d = data.draw(engine_dims(family), label="dims")

@@ -109,8 +109,7 @@ def test_models_mixer_falcon_norms_matter():
     d = Dims(family="falcon_mamba", d_model=16, n_layer=1, vocab=32, d_state=4, d_conv=3, mixer_rms_eps=1e-6)
     mixer, hc = hf_mixer(d, 3)
     cfg = detect_config(json.loads(hc.to_json_string()))
-    import dataclasses
-    plain = make_mixer(dataclasses.replace(cfg, family="mamba1", mixer_rms_eps=None), dict(mixer.state_dict()),
+    plain = make_mixer(cfg.replace(family="mamba1", mixer_rms_eps=None), dict(mixer.state_dict()),
                        dtype=torch.float32)
     h = torch.randn(1, 9, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

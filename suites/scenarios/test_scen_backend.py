@@ -10,7 +10,7 @@ from harness.engine.runner import state_spec
 from harness.engine.scheduler import BatchEntry, Request
 from harness.impls import registry
 from harness.impls.registry import Impl
-from harness.scenarios import (FAMILIES, ENGINE_OPS, RunnerFactory, Scenario, factory_for, prop_matches_reference,
+from harness.scenarios import (FAMILIES, RunnerFactory, Scenario, engine_ops, factory_for, prop_matches_reference,
                                tiny_model)
 from reference.mixers import make_mixer
 
@@ -63,7 +63,7 @@ def test_backend_mixed_batch_equals_reference_mixer(family, prefill_lens, ndec, 
     ret = be(hidden, md, conv_view, rec_view)
     assert isinstance(ret, tuple) and len(ret) == 3 and ret[1] is conv_view and ret[2] is rec_view
     out = ret[0]
-    assert {c for c in calls if isinstance(c, str)} <= set(ENGINE_OPS)
+    assert {c for c in calls if isinstance(c, str)} <= set(engine_ops(family))
     assert any(isinstance(c, tuple) for c in calls)
     q = md.query_start_loc.tolist()
     for i, e in enumerate(entries[:-1]):

@@ -8,9 +8,10 @@ the float64 reference model run one request at a time. On the CPU, implementatio
 import pytest
 from hypothesis import example, given
 
-from harness.scenarios import (Scenario, factory_for, prop_batch_invariance, prop_determinism,
+from harness.scenarios import (Scenario, factory_for, lacking_ops, prop_batch_invariance, prop_determinism,
                                prop_matches_reference, prop_seeding_equivalence, prop_split_invariance, scenarios,
                                skip_reason)
+from harness.testing import unsupported_skips
 
 BASE = tuple(range(3, 23))  # 20 tokens shared by the seeding examples
 # wave 1 fills the cache (tracked); wave 2 mixes seeded tracked, seeded untracked and unseeded requests
@@ -28,10 +29,17 @@ PACKED_M2 = Scenario(family="mamba2", model_seed=0, prompts=(tuple(range(1, 6)),
                      block_size=8, cache_mode="none", chunk_seed=7, num_slots=3, decode_pad=4)
 
 
-def _factory(impl, device):
+def _factory(impl, device, family):
+    """The runner factory of `impl` for a scenario of `family`. An implementation lacking an op of that
+    family only declines the example (other families' scenarios still run); one that can run no family
+    here skips the test."""
     why = skip_reason(impl, device)
     if why:
         pytest.skip(why)
+    lacking = lacking_ops(impl, family)
+    if lacking:
+        with unsupported_skips(impl):
+            raise NotImplementedError(f"no {family} engine ops {lacking}")
     return factory_for(impl, device)
 
 
@@ -39,7 +47,7 @@ def _factory(impl, device):
 def test_scen_engine_matches_reference(impl, device, check, case):
     """Every request of a scenario (waves, chunks, cache seeding, padding) equals the float64 oracle run
     alone: step logits, tie-aware greedy tokens, final states, and every prefix-cache snapshot."""
-    prop_matches_reference(case, _factory(impl, device), check=check)
+    prop_matches_reference(case, _factory(impl, device, case.family), check=check)
 
 
 @given(case=scenarios(max_requests=3, max_prompt=24, budgets=(1, 12), chunked=True, max_waves=1))
@@ -49,7 +57,7 @@ def test_scen_split_invariance(impl, device, check, case):
     """Chunked prefill with boundaries anywhere (incl. chunks shorter than the conv width and single
     requests) and the prefill->decode switch: the state after every step equals the oracle's, and the
     results equal the same engine with whole prefills."""
-    prop_split_invariance(case, _factory(impl, device), check=check)
+    prop_split_invariance(case, _factory(impl, device, case.family), check=check)
 
 
 @given(case=scenarios(min_requests=2, max_requests=5, modes=("none", "align", "all", "all"), max_waves=3,
@@ -59,7 +67,7 @@ def test_scen_split_invariance(impl, device, check, case):
 def test_scen_prefix_seeding(impl, device, check, case):
     """Seeding from prefix-cache snapshots equals computing from scratch, in every cache mode, in batches
     mixing seeded, unseeded, tracked and untracked requests (earlier waves fill the cache)."""
-    prop_seeding_equivalence(case, _factory(impl, device), check=check)
+    prop_seeding_equivalence(case, _factory(impl, device, case.family), check=check)
 
 
 @given(case=scenarios(max_requests=4, max_prompt=24, max_waves=1))
@@ -67,7 +75,7 @@ def test_scen_prefix_seeding(impl, device, check, case):
 def test_scen_batch_invariance(impl, device, check, case):
     """Adding, removing or permuting other requests changes nothing for a request; packed equals
     one-by-one."""
-    prop_batch_invariance(case, _factory(impl, device), check=check)
+    prop_batch_invariance(case, _factory(impl, device, case.family), check=check)
 
 
 @given(case=scenarios(max_requests=4, max_prompt=24))
@@ -76,7 +84,7 @@ def test_scen_determinism(impl, device, case):
     that claims determinism."""
     if not impl.deterministic:
         pytest.skip(f"implementation {impl.name!r} does not claim determinism")
-    assert prop_determinism(case, _factory(impl, device)) is True
+    assert prop_determinism(case, _factory(impl, device, case.family)) is True
 
 
 def test_scen_seeding_examples_really_seed():

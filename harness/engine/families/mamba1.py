@@ -1,0 +1,101 @@
+"""Engine mixer of Mamba-1 (family ``mamba1``) and Falcon-Mamba (family ``falcon_mamba``).
+
+==========================  ===================================  =================================
+part                        prefill tokens                       decode rows
+==========================  ===================================  =================================
+conv                        ``causal_conv1d_varlen``             ``causal_conv1d_update``
+selective scan              ``selective_scan_varlen``            ``selective_state_update`` (3-D)
+Falcon-Mamba B/C/dt norms   ``gated_rms_norm`` (weight = ones, z = None, eps = ``mixer_rms_eps``)
+==========================  ===================================  =================================
+
+Tensor parallelism (as vLLM's MambaMixer; d_inner = Di sharded): in_proj dim 0 [x: Di, z: Di];
+conv1d, dt_proj, A_log, D dim 0 [Di]; x_proj and out_proj dim 1 [Di] (row parallel); out_proj.bias
+replicated. Written independently of the reference mixer (``reference/families/mamba1.py``): the oracle
+shares no code with what it checks.
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.engine.families import EngineFamily, EngineMixer, linear, register
+
+OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "selective_scan_varlen", "selective_state_update")
+FALCON_OPS = OPS + ("gated_rms_norm",)
+
+
+class Mamba1Mixer(EngineMixer):
+    def __init__(self, cfg, params, ops, **kw):
+        super().__init__(cfg, params, ops, **kw)
+        self.A = -torch.exp(self.state_param("A_log"))
+        self.D = self.state_param("D")
+        self.x_proj = self.weight("x_proj.weight")
+        self.dt_proj = self.weight("dt_proj.weight")
+        self.dt_bias = self.state_param("dt_proj.bias")
+
+    def norm_ssm_inputs(self, dt_low, B, C):
+        """dt_low, B, C as they enter dt_proj and the scan (Mamba-1: unchanged)."""
+        return dt_low, B, C
+
+    def forward(self, h, md, conv_states, ssm_states):
+        cfg = self.cfg
+        Dm, N, R = cfg.d_inner, cfg.d_state, cfg.dt_rank
+        P = md.num_prefill_tokens
+        xz = linear(h, self.in_w, self.in_b)
+        x, z = xz[:, :Dm].contiguous(), xz[:, Dm:].contiguous()
+        x = self.conv(x, md, conv_states)
+        x_dbl = x @ self.x_proj.t()
+        dt_low, B, C = self.norm_ssm_inputs(*torch.split(x_dbl, [R, N, N], dim=-1))
+        dt = (dt_low @ self.dt_proj.t()).contiguous()
+        B = B.unsqueeze(1).contiguous()
+        C = C.unsqueeze(1).contiguous()
+        ys = []
+        if md.num_prefills:
+            ys.append(self.ops["selective_scan_varlen"](
+                x[:P], dt[:P], self.A, B[:P], C[:P], self.D, z[:P], self.dt_bias, ssm_states,
+                md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
+                delta_softplus=True))
+        if md.num_decodes:
+            ys.append(self.ops["selective_state_update"](
+                ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, z[P:], self.dt_bias,
+                md.decode_state_indices, dt_softplus=True))
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        return linear(y.to(self.dtype), self.out_w, self.out_b)
+
+
+class FalconMambaMixer(Mamba1Mixer):
+    """Mamba-1 with Falcon-Mamba's weightless RMSNorm of dt_low, B and C (eps = ``cfg.mixer_rms_eps``)."""
+
+    def __init__(self, cfg, params, ops, **kw):
+        super().__init__(cfg, params, ops, **kw)
+        self._ones_dt = torch.ones(cfg.dt_rank, dtype=self.dtype, device=self.device)
+        self._ones_n = torch.ones(cfg.d_state, dtype=self.dtype, device=self.device)
+
+    def falcon_norm(self, t: torch.Tensor, ones: torch.Tensor) -> torch.Tensor:
+        """Falcon-Mamba's weightless RMSNorm of B / C / dt_low with eps = cfg.mixer_rms_eps (patchable)."""
+        return self.ops["gated_rms_norm"](t.contiguous(), ones, None, eps=float(self.cfg.mixer_rms_eps))
+
+    def norm_ssm_inputs(self, dt_low, B, C):
+        return (self.falcon_norm(dt_low, self._ones_dt), self.falcon_norm(B, self._ones_n),
+                self.falcon_norm(C, self._ones_n))
+
+
+def check_tp(cfg, tp_size: int) -> None:
+    if cfg.d_inner % tp_size:
+        raise ValueError(f"tp_size: expected a divisor of d_inner = {cfg.d_inner}, got {tp_size}")
+
+
+def shard_sections(cfg, p: str):
+    Di = cfg.d_inner
+    if p in ("in_proj.weight", "in_proj.bias"):
+        return 0, ((Di, True), (Di, True))
+    if p in ("conv1d.weight", "conv1d.bias", "dt_proj.weight", "dt_proj.bias", "A_log", "D"):
+        return 0, ((Di, True),)
+    if p in ("x_proj.weight", "out_proj.weight"):
+        return 1, ((Di, True),)
+    if p == "out_proj.bias":
+        return None, ()
+    return None
+
+
+register(EngineFamily("mamba1", Mamba1Mixer, OPS, check_tp, shard_sections))
+register(EngineFamily("falcon_mamba", FalconMambaMixer, FALCON_OPS, check_tp, shard_sections))

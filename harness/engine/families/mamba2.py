@@ -1,0 +1,93 @@
+"""Engine mixer of Mamba-2 (family ``mamba2``).
+
+==========================  ===================================  =================================
+part                        prefill tokens                       decode rows
+==========================  ===================================  =================================
+conv (x, B, C)              ``causal_conv1d_varlen``             ``causal_conv1d_update``
+SSD                         ``ssd_varlen``                       ``selective_state_update`` (4-D)
+gated norm                  ``gated_rms_norm`` (group_size = d_inner / n_groups, norm_before_gate)
+==========================  ===================================  =================================
+
+Tensor parallelism (as vLLM's MambaMixer2; heads H, groups G; G % T == 0 shards groups, G == 1
+replicates B/C on every rank): in_proj dim 0 [z: Di, x: Di, B: G*N, C: G*N, dt: H]; conv1d dim 0
+[x: Di, B: G*N, C: G*N]; dt_bias, A_log, D dim 0 [H]; norm.weight dim 0 [Di] (with G == 1 and T > 1
+the gated norm's variance spans ranks: the engine must all-reduce it); out_proj dim 1 [Di].
+Written independently of the reference mixer (``reference/families/mamba2.py``): the oracle shares no
+code with what it checks.
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.engine.families import EngineFamily, EngineMixer, linear, register
+
+OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "ssd_varlen", "selective_state_update", "gated_rms_norm")
+
+
+class Mamba2Mixer(EngineMixer):
+    def __init__(self, cfg, params, ops, **kw):
+        super().__init__(cfg, params, ops, **kw)
+        self.A = -torch.exp(self.state_param("A_log"))
+        self.D = self.state_param("D")
+        self.dt_bias = self.state_param("dt_bias")
+        self.norm_w = self.weight("norm.weight")
+
+    def forward(self, h, md, conv_states, ssm_states):
+        cfg = self.cfg
+        Di, G, N, H, Pd = cfg.d_inner, cfg.n_groups, cfg.d_state, cfg.num_heads, cfg.head_dim
+        T = h.shape[0]
+        P = md.num_prefill_tokens
+        zxbcdt = linear(h, self.in_w, self.in_b)
+        z, xBC, dt = torch.split(zxbcdt, [Di, cfg.conv_dim, H], dim=-1)
+        z, dt = z.contiguous(), dt.contiguous()
+        xBC = self.conv(xBC.contiguous(), md, conv_states)
+        x, B, C = torch.split(xBC, [Di, G * N, G * N], dim=-1)
+        x = x.reshape(T, H, Pd).contiguous()
+        B = B.reshape(T, G, N).contiguous()
+        C = C.reshape(T, G, N).contiguous()
+        lim = tuple(float(v) for v in cfg.time_step_limit)
+        ys = []
+        if md.num_prefills:
+            ys.append(self.ops["ssd_varlen"](
+                x[:P], dt[:P], self.A, B[:P], C[:P], self.chunk_size, self.D, None, self.dt_bias, ssm_states,
+                md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
+                dt_softplus=True, dt_limit=lim))
+        if md.num_decodes:
+            ys.append(self.ops["selective_state_update"](
+                ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, None, self.dt_bias,
+                md.decode_state_indices, dt_softplus=True, dt_limit=lim))
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        y = self.ops["gated_rms_norm"](y.reshape(T, Di).to(self.dtype).contiguous(), self.norm_w, z,
+                                       eps=float(cfg.mixer_norm_eps), group_size=Di // G,
+                                       norm_before_gate=bool(cfg.norm_before_gate))
+        return linear(y.to(self.dtype), self.out_w, self.out_b)
+
+
+def check_tp(cfg, tp_size: int) -> None:
+    if cfg.num_heads % tp_size:
+        raise ValueError(f"tp_size: expected a divisor of num_heads = {cfg.num_heads}, got {tp_size}")
+    if cfg.n_groups % tp_size and cfg.n_groups != 1:
+        raise ValueError(f"tp_size: expected a divisor of n_groups = {cfg.n_groups} (or n_groups == 1), "
+                         f"got {tp_size}")
+
+
+def shard_sections(cfg, p: str):
+    Di, H = cfg.d_inner, cfg.num_heads
+    GN = cfg.n_groups * cfg.d_state
+    g_sharded = cfg.n_groups > 1  # n_groups == 1: B and C replicated on every rank
+    if p in ("in_proj.weight", "in_proj.bias"):
+        return 0, ((Di, True), (Di, True), (GN, g_sharded), (GN, g_sharded), (H, True))
+    if p in ("conv1d.weight", "conv1d.bias"):
+        return 0, ((Di, True), (GN, g_sharded), (GN, g_sharded))
+    if p in ("dt_bias", "A_log", "D"):
+        return 0, ((H, True),)
+    if p == "norm.weight":
+        return 0, ((Di, True),)
+    if p == "out_proj.weight":
+        return 1, ((Di, True),)
+    if p == "out_proj.bias":
+        return None, ()
+    return None
+
+
+register(EngineFamily("mamba2", Mamba2Mixer, OPS, check_tp, shard_sections))
