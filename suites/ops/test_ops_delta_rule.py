@@ -1,4 +1,4 @@
-"""Op suite: the gated delta rule ops of harness.delta_contract (gated_delta_rule_varlen / _update, kda_varlen /
+"""Op suite: the gated delta rule ops of harness.ops (gated_delta_rule_varlen / _update, kda_varlen /
 _update) of the torch implementation (harness.impls.torch.delta_rule), every dtype, against the float64
 reference (reference.delta_rule) on hypothesis-generated batches: several requests with empty / one-token /
 odd lengths, pads, has_initial_state mixes, contiguous and page-major (strided) pools, Hv > Hk for GDN,
@@ -13,18 +13,26 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness import delta_contract as DC
+from harness import ops as DC
 from harness.checks import assert_bitwise_equal, poison_, tolerance_for
-from harness.impls.optest import ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand, randn, \
+from harness.impls.optest import ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand, randn, require, \
     token_mask
 from harness.impls.torch import delta_rule as TD
-from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool
+from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool, strict_op
 from reference import delta_rule as R
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
 KINDS = ("gdn", "kda")
-VARLEN = {"gdn": TD.gated_delta_rule_varlen, "kda": TD.kda_varlen}
-UPDATE = {"gdn": TD.gated_delta_rule_update, "kda": TD.kda_update}
+NAMES = {("gdn", "varlen"): "gated_delta_rule_varlen", ("gdn", "update"): "gated_delta_rule_update",
+         ("kda", "varlen"): "kda_varlen", ("kda", "update"): "kda_update"}
+
+
+def op_of(impl, kind, form, dtype=None):
+    """The implementation's op (skipped with the reason where it lacks it or the dtype)."""
+    name = NAMES[(kind, form)]
+    require(impl, name, dtype)
+    fn = impl.op(name)
+    return name, fn
 REF = {"gdn": (R.gated_delta_rule, R.gated_delta_rule_update), "kda": (R.kda, R.kda_update)}
 seeds = st.integers(0, 2**31 - 1)
 
@@ -74,33 +82,34 @@ def oracle_update(kind, q, k, v, g, beta, pool, idx, *, scale=None, use_qk_l2nor
 
 
 @contextlib.contextmanager
-def chunk_size(kind, cs):
-    """Run the torch implementation with chunk size `cs` (None: its default)."""
-    if cs is None:
+def chunk_size(kind, cs, impl=None):
+    """Run the torch implementation with chunk size `cs` (None: its default; other implementations keep
+    their own tiling)."""
+    if cs is None or (impl is not None and impl.name != "torch"):
         yield
     else:
         with mock.patch.dict(TD.CHUNK_SIZE, {kind: cs}):
             yield
 
 
-def run_case(check, kind, fn, oracle, args, kw, *, pool_pos, live_slots, y_mask, dtype, seed, shapes):
+def run_case(check, kind, op, oracle, args, kw, *, pool_pos, live_slots, y_mask, dtype, seed, shapes, impl):
     """Call `fn` with a NaN-poisoned `out=`: it returns `out`; o on `y_mask` rows and the live slots match
     the float64 oracle; every other slot (pads' too) is bitwise unchanged."""
     pool = args[pool_pos]
     before = pool.clone()
     out = poison_(torch.empty_like(args[2]))
     o_ref, p_ref = oracle(kind, *args, **kw)
+    name, fn = op
     o = fn(*args, out=out, **kw)
     assert o is out, f"{kind}: expected the op to return the `out=` tensor it was given"
     m = y_mask.to(o.device)
-    name = fn.__name__
-    check.close(f"{name}.o", o[m], o_ref.to(o.device)[m], op=name, impl="torch", dtype=dtype, shapes=shapes,
+    check.close(f"{name}.o", o[m], o_ref.to(o.device)[m], op=name, impl=impl.name, dtype=dtype, shapes=shapes,
                 seed=seed)
     live = sorted(set(s for s in live_slots if s >= 0))
     if live:
         pd = coarser(dtype, pool.dtype)
         li = torch.tensor(live, device=pool.device)
-        check.close(f"{name}.pool[live]", pool[li], p_ref.to(pool.device)[li], op=name, impl="torch", dtype=pd,
+        check.close(f"{name}.pool[live]", pool[li], p_ref.to(pool.device)[li], op=name, impl=impl.name, dtype=pd,
                     tol=tolerance_for(pd), shapes=shapes, seed=seed)
     assert_untouched(before, pool, live_slots, name=f"{name} pool")
     return o
@@ -169,26 +178,28 @@ def varlen_case(data, kind, device, dtype, small, *, strong=None):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data())
-def test_varlen_matches_reference(kind, dtype, device, check, data):
+def test_varlen_matches_reference(impl, kind, dtype, device, check, data):
     """The varlen op on packed batches matches the float64 reference on live tokens and live slots, with
     `out=` (NaN-poisoned) written and returned, pads' and unnamed slots bitwise unchanged; the same call on
     a pool of the other layout (same slot contents) matches the reference the same way."""
+    op = op_of(impl, kind, "varlen", dtype)
     args, kw, slots, mask, shapes, seed, layout, cs = varlen_case(data, kind, device, dtype, _small(device))
     alt = other_layout_pool(args[5], layout, seed=seed)
     for pool in (args[5], alt):
         a = list(args)
         a[5] = pool
-        with chunk_size(kind, cs):
-            run_case(check, kind, VARLEN[kind], oracle_varlen, a, kw, pool_pos=5, live_slots=slots, y_mask=mask,
-                     dtype=dtype, seed=seed, shapes=dict(shapes, pool_strides=list(pool.stride())))
+        with chunk_size(kind, cs, impl):
+            run_case(check, kind, op, oracle_varlen, a, kw, pool_pos=5, live_slots=slots, y_mask=mask,
+                     dtype=dtype, seed=seed, shapes=dict(shapes, pool_strides=list(pool.stride())), impl=impl)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data())
-def test_update_matches_reference(kind, dtype, device, check, data):
+def test_update_matches_reference(impl, kind, dtype, device, check, data):
     """The decode op on a batch of rows (pads among them, some slots not named) matches the float64
     reference step on live rows and slots, writes `out=`, leaves other slots bitwise unchanged."""
+    op = op_of(impl, kind, "update", dtype)
     Hk, H, K, V = dims(data, kind, _small(device))
     B = data.draw(st.integers(0, 5), label="batch")
     seed = data.draw(seeds, label="seed")
@@ -205,15 +216,17 @@ def test_update_matches_reference(kind, dtype, device, check, data):
     args = [q, k, v, g, beta, pool, torch.tensor(slots, dtype=torch.int64, device=device)]
     mask = torch.tensor([s >= 0 for s in slots], dtype=torch.bool)
     shapes = dict(q=q, v=v, ssm_states=pool, layout=layout, slots=slots)
-    run_case(check, kind, UPDATE[kind], oracle_update, args, dict(scale=scale, use_qk_l2norm=l2), pool_pos=5,
-             live_slots=slots, y_mask=mask, dtype=dtype, seed=seed, shapes=shapes)
+    run_case(check, kind, op, oracle_update, args, dict(scale=scale, use_qk_l2norm=l2), pool_pos=5,
+             live_slots=slots, y_mask=mask, dtype=dtype, seed=seed, shapes=shapes, impl=impl)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data())
-def test_prefill_then_decode_equals_one_prefill(kind, device, check, data):
+def test_prefill_then_decode_equals_one_prefill(impl, kind, device, check, data):
     """Chunked prefill of a prefix followed by decode steps through the same pool slot (the engine's path)
     equals the float64 reference of the whole sequence: output of every token and the final state."""
+    _, varlen = op_of(impl, kind, "varlen", torch.float32)
+    _, update = op_of(impl, kind, "update", torch.float32)
     Hk, H, K, V = dims(data, kind, True)
     L0 = data.draw(st.integers(0, 20), label="prefix")
     n = data.draw(st.integers(1, 4), label="decode_steps")
@@ -223,40 +236,42 @@ def test_prefill_then_decode_equals_one_prefill(kind, device, check, data):
     pool = make_pool(3, (H, V, K), torch.float32, device, layout="page_major", seed=seed)
     slot = torch.tensor([1], dtype=torch.int32, device=device)
     init = pool[1:2].to("cpu", torch.float64).clone()
-    with chunk_size(kind, cs):
-        o_pre = VARLEN[kind](q[:L0], k[:L0], v[:L0], g[:L0], beta[:L0], pool, qsl_from([L0], device), slot,
+    with chunk_size(kind, cs, impl):
+        o_pre = varlen(q[:L0], k[:L0], v[:L0], g[:L0], beta[:L0], pool, qsl_from([L0], device), slot,
                              torch.tensor([True], device=device), use_qk_l2norm=True)
     os_ = [o_pre]
     for t in range(L0, L0 + n):
-        os_.append(UPDATE[kind](q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], pool, slot,
+        os_.append(update(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], pool, slot,
                                 use_qk_l2norm=True))
     o_ref, s_ref = REF[kind][0](_f64(q), _f64(k), _f64(v), _f64(g), _f64(beta), use_qk_l2norm=True,
                                 initial_states=init)
     shapes = dict(prefix=L0, decode_steps=n, chunk_size=cs)
-    check.close(f"{kind} o (prefill + decode)", torch.cat(os_), o_ref.to(device), op=kind, impl="torch",
+    check.close(f"{kind} o (prefill + decode)", torch.cat(os_), o_ref.to(device), op=kind, impl=impl.name,
                 dtype=torch.float32, shapes=shapes, seed=seed)
-    check.close(f"{kind} final state", pool[1], s_ref[0].to(device), op=kind, impl="torch", dtype=torch.float32,
+    check.close(f"{kind} final state", pool[1], s_ref[0].to(device), op=kind, impl=impl.name, dtype=torch.float32,
                 shapes=shapes, seed=seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data())
-def test_varlen_strong_decay_is_finite(kind, dtype, device, check, data):
+def test_varlen_strong_decay_is_finite(impl, kind, dtype, device, check, data):
     """With decays down to g = -30 per token (pairwise decays underflow to 0 inside a chunk), outputs and
     final states stay finite (masked exponents, no inf * 0) and equal the reference."""
+    op = op_of(impl, kind, "varlen", dtype)
     args, kw, slots, mask, shapes, seed, _, cs = varlen_case(data, kind, device, dtype, _small(device), strong=True)
-    with chunk_size(kind, cs):
-        o = run_case(check, kind, VARLEN[kind], oracle_varlen, args, kw, pool_pos=5, live_slots=slots,
-                     y_mask=mask, dtype=dtype, seed=seed, shapes=shapes)
+    with chunk_size(kind, cs, impl):
+        o = run_case(check, kind, op, oracle_varlen, args, kw, pool_pos=5, live_slots=slots,
+                     y_mask=mask, dtype=dtype, seed=seed, shapes=shapes, impl=impl)
     assert bool(torch.isfinite(o[mask.to(o.device)]).all()), f"{kind}: non-finite output under strong decays"
     live = [s for s in slots if s >= 0]
     assert bool(torch.isfinite(args[5][live]).all()), f"{kind}: non-finite final state under strong decays"
 
 
-def test_float64_inputs_compute_in_float64(device, check):
+def test_float64_inputs_compute_in_float64(impl, device, check):
     """float64 inputs run in float64 end to end: the result equals the float64 reference to 1e-10 even with
     a float64 pool (a float32 step anywhere would leave ~1e-7)."""
+    _, fn = op_of(impl, "kda", "varlen", torch.float64)
     g_ = gen(5)
     T, H, K, V = 40, 2, 8, 4
     q, k, v, g, beta = activations("kda", g_, T, H, H, K, V, torch.float64, device, True, False)
@@ -264,10 +279,10 @@ def test_float64_inputs_compute_in_float64(device, check):
     args = [q, k, v, g.double(), beta.double(), pool, qsl_from([T], device), torch.tensor([1], device=device),
             torch.tensor([True], device=device)]
     o_ref, p_ref = oracle_varlen("kda", *args)
-    o = TD.kda_varlen(*args)
+    o = fn(*args)
     assert o.dtype == torch.float64
-    check.close("kda_varlen.o (float64)", o, o_ref.to(device), op="kda_varlen", impl="torch", dtype=torch.float64)
-    check.close("kda_varlen.pool (float64)", pool[1], p_ref[1].to(device), op="kda_varlen", impl="torch",
+    check.close("kda_varlen.o (float64)", o, o_ref.to(device), op="kda_varlen", impl=impl.name, dtype=torch.float64)
+    check.close("kda_varlen.pool (float64)", pool[1], p_ref[1].to(device), op="kda_varlen", impl=impl.name,
                 dtype=torch.float64)
 
 
@@ -322,10 +337,11 @@ def _bad_cases(kind, op, device):
 
 @pytest.mark.parametrize("op", ["varlen", "update"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_rejects_bad_input_before_writing(kind, op, device):
+def test_rejects_bad_input_before_writing(impl, kind, op, device):
     """Bad input raises ValueError naming the argument ("arg: expected ..., got ...") and leaves the pool
     and `out=` untouched; the unmodified base case is accepted."""
-    fn = VARLEN[kind] if op == "varlen" else UPDATE[kind]
+    name, _ = op_of(impl, kind, op)
+    fn = strict_op(impl, name)
     good = _good(kind, device, op)
     fn(*good)
     for name, (where, bad, arg) in _bad_cases(kind, op, device).items():
@@ -358,4 +374,4 @@ def test_validators_are_the_contracts():
                                   torch.tensor([False])) == (6, 4, 4, 3, 5, 1)
     assert DC.validate_kda_update(kq, kq, v, torch.zeros(6, 4, 3), torch.zeros(6, 4), torch.zeros(6, 4, 5, 3),
                                   torch.arange(6)) == (6, 4, 4, 3, 5)
-    assert DC.DELTA_OP_NAMES == ("gated_delta_rule_varlen", "gated_delta_rule_update", "kda_varlen", "kda_update")
+    assert {"gated_delta_rule_varlen", "gated_delta_rule_update", "kda_varlen", "kda_update"} <= set(DC.OP_NAMES)

@@ -1,5 +1,5 @@
 """Gated DeltaNet and KDA (ops `gated_delta_rule_varlen`, `gated_delta_rule_update`, `kda_varlen`,
-`kda_update` of harness.delta_contract), vectorized torch.
+`kda_update` of harness.ops), vectorized torch.
 
 Prefill runs the chunked WY (UT-transform) form, device-agnostic, no per-token Python loop:
 
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from harness import delta_contract as DC
+from harness.impls.registry import provides
+from harness.ops import _delta as DC
 from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, slots
 from harness.impls.torch.ssd import chunk_table
 from harness.ops import PAD_SLOT_ID
@@ -145,27 +146,31 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     return emit(o, v, out)
 
 
+@provides("torch", "gated_delta_rule_varlen")
 def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
                             *, scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
-    """Gated DeltaNet over packed sequences (see harness.delta_contract for the contract)."""
+    """Gated DeltaNet over packed sequences (see harness.ops for the contract)."""
     return _varlen("gdn", q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
                    use_qk_l2norm, pad_slot_id, out)
 
 
+@provides("torch", "gated_delta_rule_update")
 def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
                             pad_slot_id=PAD_SLOT_ID, out=None):
-    """One Gated DeltaNet decode step per row (see harness.delta_contract)."""
+    """One Gated DeltaNet decode step per row (see harness.ops)."""
     return _update("gdn", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
 
 
+@provides("torch", "kda_varlen")
 def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
                use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
-    """Kimi Delta Attention over packed sequences (see harness.delta_contract)."""
+    """Kimi Delta Attention over packed sequences (see harness.ops)."""
     return _varlen("kda", q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
                    use_qk_l2norm, pad_slot_id, out)
 
 
+@provides("torch", "kda_update")
 def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
                pad_slot_id=PAD_SLOT_ID, out=None):
-    """One KDA decode step per row (see harness.delta_contract)."""
+    """One KDA decode step per row (see harness.ops)."""
     return _update("kda", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)

@@ -1,0 +1,196 @@
+"""Shared validation, reference plumbing, inputs and counts of the gated delta rule ops (Gated DeltaNet and
+Kimi Delta Attention): `gated_delta_rule_varlen`, `gated_delta_rule_update`, `kda_varlen`, `kda_update`
+(each op's module holds its signature and semantics).
+
+The state is value-major: per head (V, K), the layout vLLM and SGLang keep in their pools. q, k, v share one
+activation dtype (the output's); g and beta any float dtype (often fp32); pools any float dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.ops import _inputs as I
+from harness.ops._checks import ACT_DTYPES as _ACT_DTYPES
+from harness.ops._checks import PAD_SLOT_ID, check_disjoint_slots, check_flags
+from harness.ops._checks import check_indices as _check_indices
+from harness.ops._checks import check_out as _check_out
+from harness.ops._checks import check_qsl as _check_qsl
+from harness.ops._checks import same_device as _same_device
+from reference.validate import check_tensor, fail
+
+
+def _check_qkv(kind: str, q, k, v, g, beta, rows: str):
+    """q, k (n, Hk, K); v (n, Hv, V); g per head (GDN) or per key channel (KDA); beta (n, Hv)."""
+    check_tensor("q", q, ndim=3, dtypes=_ACT_DTYPES)
+    n, Hk, K = q.shape
+    check_tensor("k", k, shape=(n, Hk, K), dtypes=_ACT_DTYPES)
+    check_tensor("v", v, ndim=3, dtypes=_ACT_DTYPES)
+    if v.shape[0] != n:
+        fail("v", f"shape ({rows}, Hv, V) with {rows} = {n} (as q)", f"shape {tuple(v.shape)}")
+    Hv, V = v.shape[1], v.shape[2]
+    for arg, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            fail(arg, f"dtype {q.dtype} (same as q)", f"dtype {t.dtype}")
+    if kind == "kda":
+        if Hv != Hk:
+            fail("v", f"shape ({rows}, {Hk}, V): KDA has as many value heads as q/k heads ({Hk})",
+                 f"shape {tuple(v.shape)}")
+        if isinstance(g, torch.Tensor) and g.dim() != 3:
+            fail("g", f"3 dims of shape ({rows}, H, K) = ({n}, {Hv}, {K}): one log-decay per key channel "
+                 "(a per-head g is GDN's)", f"shape {tuple(g.shape)}")
+        check_tensor("g", g, shape=(n, Hv, K), dtypes=_ACT_DTYPES)
+    else:
+        if Hk <= 0 or Hv % Hk != 0:
+            fail("k", f"a key head count Hk dividing the value head count Hv = {Hv} (v is ({rows}, Hv, V))",
+                 f"Hk = {Hk} (shape {tuple(k.shape)})")
+        if isinstance(g, torch.Tensor) and g.dim() != 2:
+            fail("g", f"2 dims of shape ({rows}, Hv) = ({n}, {Hv}): one log-decay per value head "
+                 "(a per-key-channel g is KDA's)", f"shape {tuple(g.shape)}")
+        check_tensor("g", g, shape=(n, Hv), dtypes=_ACT_DTYPES)
+    check_tensor("beta", beta, shape=(n, Hv), dtypes=_ACT_DTYPES)
+    return n, Hk, Hv, K, V
+
+
+def _check_pool(ssm_states, Hv: int, V: int, K: int) -> None:
+    check_tensor("ssm_states", ssm_states, ndim=4, dtypes=_ACT_DTYPES)
+    if tuple(ssm_states.shape[1:]) != (Hv, V, K):
+        got = f"shape {tuple(ssm_states.shape)}"
+        if tuple(ssm_states.shape[1:]) == (Hv, K, V) and K != V:
+            got += " (the key-major (.., K, V) layout; the pool must be value-major)"
+        fail("ssm_states", f"value-major shape (num_slots, Hv, V, K) = (num_slots, {Hv}, {V}, {K})", got)
+    check_disjoint_slots("ssm_states", ssm_states)
+
+
+def _check_options(scale, use_qk_l2norm) -> None:
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                              or not math.isfinite(scale) or scale <= 0):
+        fail("scale", "None or a finite number > 0", repr(scale))
+    if not isinstance(use_qk_l2norm, bool):
+        fail("use_qk_l2norm", "a bool", repr(use_qk_l2norm))
+
+
+def _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                     scale, use_qk_l2norm, pad_slot_id, out):
+    T, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "T")
+    _check_pool(ssm_states, Hv, V, K)
+    _check_options(scale, use_qk_l2norm)
+    S = _check_qsl(query_start_loc, T)
+    _check_indices("cache_indices", cache_indices, S, ssm_states.shape[0], pad_slot_id)
+    check_flags("has_initial_state", has_initial_state, S)
+    _same_device(q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, query_start_loc=query_start_loc,
+                 cache_indices=cache_indices, has_initial_state=has_initial_state)
+    _check_out(out, (T, Hv, V), v.dtype, v.device)
+    return T, Hk, Hv, K, V, S
+
+
+def _validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
+    B, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "B")
+    _check_pool(ssm_states, Hv, V, K)
+    _check_options(scale, use_qk_l2norm)
+    _check_indices("state_indices", state_indices, B, ssm_states.shape[0], pad_slot_id)
+    _same_device(q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, state_indices=state_indices)
+    _check_out(out, (B, Hv, V), v.dtype, v.device)
+    return B, Hk, Hv, K, V
+
+
+# ------------------------------------------------------------------------------ reference plumbing
+
+def reference_varlen(kind, cd, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                     *, scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    from harness.ops import _ref
+    from reference.delta_rule import gated_delta_rule, kda
+    _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                     scale, use_qk_l2norm, pad_slot_id, out)
+    idx = _ref.slot_list(cache_indices, pad_slot_id)
+    init = _ref.gather(ssm_states, idx, has_initial_state.tolist(), cd)
+    up = _ref.up
+    fn = gated_delta_rule if kind == "gdn" else kda
+    y, final = fn(up(q, cd), up(k, cd), up(v, cd), up(g, cd), up(beta, cd), scale=scale,
+                  use_qk_l2norm=use_qk_l2norm, cu_seqlens=query_start_loc.cpu().long(), initial_states=init)
+    _ref.scatter(ssm_states, idx, final)
+    return _ref.emit(y, v, out)
+
+
+def reference_update(kind, cd, q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+                     pad_slot_id=PAD_SLOT_ID, out=None):
+    from harness.ops import _ref
+    from reference.delta_rule import gated_delta_rule_update, kda_update
+    _validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+    idx = _ref.slot_list(state_indices, pad_slot_id)
+    st = _ref.gather(ssm_states, idx, [True] * len(idx), cd)
+    up = _ref.up
+    fn = gated_delta_rule_update if kind == "gdn" else kda_update
+    y, new = fn(up(q, cd), up(k, cd), up(v, cd), up(g, cd), up(beta, cd), st, scale=scale,
+                use_qk_l2norm=use_qk_l2norm)
+    _ref.scatter(ssm_states, idx, new)
+    return _ref.emit(y, v, out)
+
+
+# ------------------------------------------------------------------------------ inputs and counts
+
+def inputs(kind, varlen, shape, dtype, device, gen):
+    """Shape keys: T (varlen) or B (decode), Hk, Hv (GDN; KDA uses H), K, V, S, fresh, l2norm."""
+    n = shape["T"] if varlen else shape["B"]
+    Hk = shape.get("Hk", shape.get("H"))
+    Hv = shape.get("Hv", shape.get("H"))
+    K, V = shape["K"], shape["V"]
+    gshape = (n, Hv) if kind == "gdn" else (n, Hv, K)
+    d = dict(q=I.rand(gen, device, n, Hk, K, dtype=dtype), k=I.rand(gen, device, n, Hk, K, dtype=dtype),
+             v=I.rand(gen, device, n, Hv, V, dtype=dtype),
+             # log-decays in (-1, 0), write strengths in (0, 1), as the mixers produce them
+             g=-torch.sigmoid(I.rand(gen, device, *gshape)) * 0.5,
+             beta=torch.sigmoid(I.rand(gen, device, n, Hv)),
+             use_qk_l2norm=bool(shape.get("l2norm", True)))
+    if varlen:
+        qsl = I.seqs(n, shape.get("S", 1), device)
+        S = qsl.numel() - 1
+        idx, init = I.slots(shape, S, device)
+        d.update(ssm_states=I.rand(gen, device, S + 1, Hv, V, K, dtype=I.pool_dtype(shape, torch.float32, dtype),
+                                   scale=0.1),
+                 query_start_loc=qsl, cache_indices=idx, has_initial_state=init)
+    else:
+        d.update(ssm_states=I.rand(gen, device, n + 1, Hv, V, K, dtype=I.pool_dtype(shape, torch.float32, dtype),
+                                   scale=0.1),
+                 state_indices=I.slots(shape, n, device)[0])
+    return d
+
+
+def nbytes(inp, varlen):
+    acts = sum(I.nbytes(inp[a]) for a in ("q", "k", "v", "g", "beta")) + I.nbytes(inp["v"])  # o written
+    if varlen:
+        return (acts + I.nbytes(inp["query_start_loc"]) + I.nbytes(inp["cache_indices"])
+                + I.nbytes(inp["has_initial_state"])
+                + I.pool_traffic(inp, "ssm_states", "cache_indices", "has_initial_state"))
+    return acts + I.nbytes(inp["state_indices"]) + I.pool_traffic(inp, "ssm_states", "state_indices", None)
+
+
+def flops(inp):
+    """The recurrence per token and head: decay, S k, the rank-1 write, S q: about 8 V K flops."""
+    n, Hv, V = inp["v"].shape
+    return 8 * n * Hv * V * inp["q"].shape[2]
+
+
+def bad_inputs(kind):
+    """Malformed inputs particular to these ops: (what, argument named, mutate)."""
+    def key_major(k):
+        s = k["ssm_states"]
+        k["ssm_states"] = torch.zeros(s.shape[0], s.shape[1], s.shape[3] + 1, s.shape[2], dtype=s.dtype,
+                                      device=s.device)
+
+    def g_other_rank(k):
+        g = k["g"]
+        k["g"] = g[..., None].expand(*g.shape, k["q"].shape[2]).contiguous() if g.dim() == 2 else g[..., 0]
+
+    def bad_scale(k):
+        k["scale"] = float("nan")
+
+    m = [("state pool in the key-major layout", "ssm_states", key_major),
+         ("g of the other family's rank", "g", g_other_rank),
+         ("scale NaN", "scale", bad_scale)]
+    if kind == "gdn":
+        def heads(k):
+            k["v"] = torch.cat([k["v"], k["v"][:, :1]], dim=1)
+        m.append(("value heads not a multiple of key heads", "k", heads))
+    return tuple(m)
