@@ -38,10 +38,11 @@ import math
 import torch
 
 from reference._common import check_float, check_same_device, sequences
-from reference.validate import check_same_dtype, fail
+from reference.validate import check_same_dtype, check_tensor, fail
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_chunked", "gated_delta_rule_update",
-           "kda", "kda_chunked", "kda_update", "l2norm", "L2NORM_EPS"]
+           "kda", "kda_chunked", "kda_update", "l2norm", "L2NORM_EPS", "check_shapes", "check_options",
+           "check_state_shape"]
 
 L2NORM_EPS = 1e-6
 
@@ -54,12 +55,14 @@ def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # argument checks
 
-def _check_inputs(kind: str, q, k, v, g, beta, scale, use_qk_l2norm, rows: str) -> tuple[int, ...]:
-    """Shapes, dtypes and devices of (q, k, v, g, beta) and the options. Returns (n, Hk, Hv, K, V)."""
-    check_float("q", q, ndim=3)
+def check_shapes(kind: str, q, k, v, g, beta, rows: str, **tensor_kw) -> tuple[int, int, int, int, int]:
+    """Shapes of (q, k, v, g, beta) for `kind` "gdn" or "kda", `rows` naming their first dim ("T" or "B");
+    `tensor_kw` are the dtype rules passed to `check_tensor` (e.g. floating=True). Returns (n, Hk, Hv, K, V).
+    Shared with the op contract (harness.delta_contract)."""
+    check_tensor("q", q, ndim=3, **tensor_kw)
     n, Hk, K = q.shape
-    check_float("k", k, shape=(n, Hk, K))
-    check_float("v", v, ndim=3)
+    check_tensor("k", k, shape=(n, Hk, K), **tensor_kw)
+    check_tensor("v", v, ndim=3, **tensor_kw)
     if v.shape[0] != n:
         fail("v", f"shape ({rows}, Hv, V) with {rows} = {n} (as q)", f"shape {tuple(v.shape)}")
     Hv, V = v.shape[1], v.shape[2]
@@ -70,7 +73,7 @@ def _check_inputs(kind: str, q, k, v, g, beta, scale, use_qk_l2norm, rows: str) 
         if isinstance(g, torch.Tensor) and g.dim() != 3:
             fail("g", f"3 dims of shape ({rows}, H, K) = ({n}, {Hv}, {K}): one log-decay per key channel "
                  "(a per-head g is GDN's)", f"shape {tuple(g.shape)}")
-        check_float("g", g, shape=(n, Hv, K))
+        check_tensor("g", g, shape=(n, Hv, K), **tensor_kw)
     else:
         if Hk <= 0 or Hv % Hk != 0:
             fail("k", f"a key head count Hk dividing the value head count Hv = {Hv} (v is ({rows}, Hv, V))",
@@ -78,16 +81,38 @@ def _check_inputs(kind: str, q, k, v, g, beta, scale, use_qk_l2norm, rows: str) 
         if isinstance(g, torch.Tensor) and g.dim() != 2:
             fail("g", f"2 dims of shape ({rows}, Hv) = ({n}, {Hv}): one log-decay per value head "
                  "(a per-key-channel g is KDA's)", f"shape {tuple(g.shape)}")
-        check_float("g", g, shape=(n, Hv))
-    check_float("beta", beta, shape=(n, Hv))
+        check_tensor("g", g, shape=(n, Hv), **tensor_kw)
+    check_tensor("beta", beta, shape=(n, Hv), **tensor_kw)
+    return n, Hk, Hv, K, V
+
+
+def check_options(scale, use_qk_l2norm) -> None:
+    """scale: None or a finite number > 0; use_qk_l2norm: a bool. Shared with the op contract."""
     if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
                               or not math.isfinite(scale) or scale <= 0):
         fail("scale", "None or a finite number > 0", repr(scale))
     if not isinstance(use_qk_l2norm, bool):
         fail("use_qk_l2norm", "a bool", repr(use_qk_l2norm))
+
+
+def check_state_shape(arg: str, states, want: tuple, lead: str) -> None:
+    """A 4-dim state batch or pool of value-major shape `want` = (lead, Hv, V, K); a key-major
+    (.., K, V) one is named as such. Shared with the op contract."""
+    if tuple(states.shape) != tuple(want):
+        _, Hv, V, K = want
+        got = f"shape {tuple(states.shape)}"
+        if tuple(states.shape[1:]) == (Hv, K, V) and K != V:
+            got += " (the key-major (.., K, V) layout; pass states.transpose(-1, -2))"
+        fail(arg, f"value-major shape ({lead}, Hv, V, K) = {tuple(want)}", got)
+
+
+def _check_inputs(kind: str, q, k, v, g, beta, scale, use_qk_l2norm, rows: str) -> tuple[int, ...]:
+    """Shapes, dtypes and devices of (q, k, v, g, beta) and the options. Returns (n, Hk, Hv, K, V)."""
+    dims = check_shapes(kind, q, k, v, g, beta, rows, floating=True)
+    check_options(scale, use_qk_l2norm)
     check_same_dtype(q=q, k=k, v=v, g=g, beta=beta)
     check_same_device("q", q, k=k, v=v, g=g, beta=beta)
-    return n, Hk, Hv, K, V
+    return dims
 
 
 def _check_states(arg: str, states, n: int, lead: str, Hv: int, V: int, K: int, ref, optional: bool) -> None:
@@ -95,12 +120,7 @@ def _check_states(arg: str, states, n: int, lead: str, Hv: int, V: int, K: int, 
     check_float(arg, states, ndim=4, optional=optional)
     if states is None:
         return
-    want = (n, Hv, V, K)
-    if tuple(states.shape) != want:
-        got = f"shape {tuple(states.shape)}"
-        if tuple(states.shape) == (n, Hv, K, V) and K != V:
-            got += " (the key-major (.., K, V) layout; pass states.transpose(-1, -2))"
-        fail(arg, f"value-major shape ({lead}, Hv, V, K) = {want}", got)
+    check_state_shape(arg, states, (n, Hv, V, K), lead)
     check_same_dtype(q=ref, **{arg: states})
     check_same_device("q", ref, **{arg: states})
 

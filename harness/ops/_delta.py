@@ -7,8 +7,6 @@ activation dtype (the output's); g and beta any float dtype (often fp32); pools 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from harness.ops import _inputs as I
@@ -18,64 +16,31 @@ from harness.ops._checks import check_indices as _check_indices
 from harness.ops._checks import check_out as _check_out
 from harness.ops._checks import check_qsl as _check_qsl
 from harness.ops._checks import same_device as _same_device
+from reference.delta_rule import check_options, check_shapes, check_state_shape
 from reference.validate import check_tensor, fail
 
 
 def _check_qkv(kind: str, q, k, v, g, beta, rows: str):
-    """q, k (n, Hk, K); v (n, Hv, V); g per head (GDN) or per key channel (KDA); beta (n, Hv)."""
-    check_tensor("q", q, ndim=3, dtypes=_ACT_DTYPES)
-    n, Hk, K = q.shape
-    check_tensor("k", k, shape=(n, Hk, K), dtypes=_ACT_DTYPES)
-    check_tensor("v", v, ndim=3, dtypes=_ACT_DTYPES)
-    if v.shape[0] != n:
-        fail("v", f"shape ({rows}, Hv, V) with {rows} = {n} (as q)", f"shape {tuple(v.shape)}")
-    Hv, V = v.shape[1], v.shape[2]
+    """q, k (n, Hk, K); v (n, Hv, V); g per head (GDN) or per key channel (KDA); beta (n, Hv); q, k, v of
+    one dtype (g and beta may differ). The shape rules are the reference's."""
+    dims = check_shapes(kind, q, k, v, g, beta, rows, dtypes=_ACT_DTYPES)
     for arg, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             fail(arg, f"dtype {q.dtype} (same as q)", f"dtype {t.dtype}")
-    if kind == "kda":
-        if Hv != Hk:
-            fail("v", f"shape ({rows}, {Hk}, V): KDA has as many value heads as q/k heads ({Hk})",
-                 f"shape {tuple(v.shape)}")
-        if isinstance(g, torch.Tensor) and g.dim() != 3:
-            fail("g", f"3 dims of shape ({rows}, H, K) = ({n}, {Hv}, {K}): one log-decay per key channel "
-                 "(a per-head g is GDN's)", f"shape {tuple(g.shape)}")
-        check_tensor("g", g, shape=(n, Hv, K), dtypes=_ACT_DTYPES)
-    else:
-        if Hk <= 0 or Hv % Hk != 0:
-            fail("k", f"a key head count Hk dividing the value head count Hv = {Hv} (v is ({rows}, Hv, V))",
-                 f"Hk = {Hk} (shape {tuple(k.shape)})")
-        if isinstance(g, torch.Tensor) and g.dim() != 2:
-            fail("g", f"2 dims of shape ({rows}, Hv) = ({n}, {Hv}): one log-decay per value head "
-                 "(a per-key-channel g is KDA's)", f"shape {tuple(g.shape)}")
-        check_tensor("g", g, shape=(n, Hv), dtypes=_ACT_DTYPES)
-    check_tensor("beta", beta, shape=(n, Hv), dtypes=_ACT_DTYPES)
-    return n, Hk, Hv, K, V
+    return dims
 
 
 def _check_pool(ssm_states, Hv: int, V: int, K: int) -> None:
     check_tensor("ssm_states", ssm_states, ndim=4, dtypes=_ACT_DTYPES)
-    if tuple(ssm_states.shape[1:]) != (Hv, V, K):
-        got = f"shape {tuple(ssm_states.shape)}"
-        if tuple(ssm_states.shape[1:]) == (Hv, K, V) and K != V:
-            got += " (the key-major (.., K, V) layout; the pool must be value-major)"
-        fail("ssm_states", f"value-major shape (num_slots, Hv, V, K) = (num_slots, {Hv}, {V}, {K})", got)
+    check_state_shape("ssm_states", ssm_states, (ssm_states.shape[0], Hv, V, K), "num_slots")
     check_disjoint_slots("ssm_states", ssm_states)
-
-
-def _check_options(scale, use_qk_l2norm) -> None:
-    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
-                              or not math.isfinite(scale) or scale <= 0):
-        fail("scale", "None or a finite number > 0", repr(scale))
-    if not isinstance(use_qk_l2norm, bool):
-        fail("use_qk_l2norm", "a bool", repr(use_qk_l2norm))
 
 
 def _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
                      scale, use_qk_l2norm, pad_slot_id, out):
     T, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "T")
     _check_pool(ssm_states, Hv, V, K)
-    _check_options(scale, use_qk_l2norm)
+    check_options(scale, use_qk_l2norm)
     S = _check_qsl(query_start_loc, T)
     _check_indices("cache_indices", cache_indices, S, ssm_states.shape[0], pad_slot_id)
     check_flags("has_initial_state", has_initial_state, S)
@@ -88,7 +53,7 @@ def _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_
 def _validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
     B, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "B")
     _check_pool(ssm_states, Hv, V, K)
-    _check_options(scale, use_qk_l2norm)
+    check_options(scale, use_qk_l2norm)
     _check_indices("state_indices", state_indices, B, ssm_states.shape[0], pad_slot_id)
     _same_device(q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, state_indices=state_indices)
     _check_out(out, (B, Hv, V), v.dtype, v.device)

@@ -24,16 +24,18 @@ from __future__ import annotations
 import torch
 
 from harness.impls.registry import provides
-from harness.ops import _delta as DC
+from harness import ops as C
 from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, slots
 from harness.impls.torch.ssd import chunk_table
 from harness.ops import PAD_SLOT_ID
+from reference.delta_rule import L2NORM_EPS
 
 __all__ = ["gated_delta_rule_varlen", "gated_delta_rule_update", "kda_varlen", "kda_update"]
 
 CHUNK_SIZE = {"gdn": 64, "kda": 32}
 _BLOCK_ELEMS = 1 << 24  # elements of one block of KDA's pairwise decays (nb, H, Lc, Lc, K)
-L2NORM_EPS = 1e-6
+_VALIDATE_VARLEN = {"gdn": C.validate_gated_delta_rule_varlen, "kda": C.validate_kda_varlen}
+_VALIDATE_UPDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
 
 
 def _prep_qk(q, k, scale, use_qk_l2norm, heads_per_key, cd):
@@ -76,8 +78,8 @@ def _pairwise(kind, qs, ks, b, causal):
 
 def _varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
             use_qk_l2norm, pad_slot_id, out):
-    T, Hk, H, K, V, S = DC._validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
-                                            has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
+    T, Hk, H, K, V, S = _VALIDATE_VARLEN[kind](q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
+                                              has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
     dev = v.device
     cd = compute_dtype(q.dtype)
     idx, live, safe = slots(cache_indices, pad_slot_id)
@@ -131,8 +133,8 @@ def _varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, 
 
 
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
-    B, Hk, H, K, V = DC._validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
-                                         pad_slot_id, out)
+    B, Hk, H, K, V = _VALIDATE_UPDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
+                                            pad_slot_id, out)
     cd = compute_dtype(q.dtype)
     idx, live, safe = slots(state_indices, pad_slot_id)
     S = _initial(ssm_states, safe, live, cd)  # (B, H, V, K)
