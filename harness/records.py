@@ -13,12 +13,14 @@ Crash safety (a writer killed at any byte loses no completed record)
   * A writer killed inside that write can leave a torn line: a final line without its newline. The
     next writer, holding the lock, finds it (the file's last byte is not a newline) and cuts the file
     back to the end of its last whole line before appending, with a :class:`TornRecordWarning` saying
-    how many bytes of the unfinished record it dropped (a final line that is a whole JSON object and
-    lacks only its newline is kept and ended instead). So a record is never glued onto a torn line,
-    and a torn line is only ever the file's last line.
-  * A reader skips a torn final line (no trailing newline, not a whole JSON text) with a
-    :class:`TornRecordWarning` naming file, line and size; every complete record before it is read.
-    Anything unreadable before the last line is a :class:`ResultsFileError` naming file and line.
+    how many bytes of the unfinished record it dropped (a final line that is whole JSON lacking only
+    its newline is kept and ended instead; a final line that is neither is not ours, and the writer
+    refuses to touch the file). So a record is never glued onto a torn line, and a torn line is only
+    ever the file's last line.
+  * A reader skips a torn final line (no trailing newline, a record's beginning but not a whole JSON
+    text) with a :class:`TornRecordWarning` naming file, line and size; every complete record before
+    it is read. Anything else unreadable, on any line, is a :class:`ResultsFileError` naming file and
+    line.
 """
 from __future__ import annotations
 
@@ -71,25 +73,42 @@ def _end_of_last_line(fd: int, size: int) -> int:
     return 0
 
 
+_RECORD_START = b'{"schema": '  # every line RecordWriter writes begins so (the schema key comes first)
+
+
 def _whole_json(raw: bytes) -> bool:
     try:
-        return isinstance(json.loads(raw.decode("utf-8")), dict)
+        json.loads(raw.decode("utf-8"))
+        return True
     except (UnicodeDecodeError, json.JSONDecodeError):
         return False
+
+
+def _torn_record(raw: bytes) -> bool:
+    """Whether a final line (without its newline) is a record cut short: the beginning of a line as
+    RecordWriter writes it, but not a whole JSON text."""
+    head = raw[:len(_RECORD_START)]
+    return head == _RECORD_START[:len(head)] and not _whole_json(raw)
 
 
 def _repair_tail(fd: int, path: str) -> bytes:
     """Under the writer's lock: make the file end in a whole line before a record is appended.
 
-    A final line without its newline is a record whose writer was killed mid-write: it is cut off
-    (with a TornRecordWarning), unless it is a whole JSON object missing only the newline, which is kept
-    and ended. Returns the bytes to put before the next record (b"\n" in that last case, else b"")."""
+    A final line without its newline that is a record cut short (its writer was killed mid-write) is
+    cut off, with a TornRecordWarning; a whole JSON text missing only its newline is kept and ended.
+    Anything else is not ours to cut or extend: ResultsFileError, and the file is left alone.
+    Returns the bytes to put before the next record."""
     size = os.fstat(fd).st_size
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return b""
     keep = _end_of_last_line(fd, size)
-    if _whole_json(os.pread(fd, size - keep, keep)):
+    tail = os.pread(fd, size - keep, keep)
+    if _whole_json(tail):
         return b"\n"
+    if not _torn_record(tail):
+        raise ResultsFileError(f"{path}: expected a results file ending in a whole line, got a final line of "
+                               f"{size - keep} bytes that is neither JSON nor the start of a record; "
+                               f"not appending to it")
     os.ftruncate(fd, keep)
     warnings.warn(TornRecordWarning(
         f"{path}: dropped a torn final line of {size - keep} bytes at offset {keep} "
@@ -133,12 +152,12 @@ class RecordWriter:
 
 
 def _parse(path: str, lineno: int, raw: bytes, is_tail: bool) -> dict | None:
-    """The record on one line; None for a torn final line (`is_tail` and not a whole JSON text)."""
+    """The record on one line; None for a torn final line (`is_tail` and a record cut short)."""
     try:
         text = raw.decode("utf-8")
         rec = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        if is_tail:
+        if is_tail and _torn_record(raw):
             return None
         raise ResultsFileError(f"{path}:{lineno}: expected a JSON record per line, got {e}") from None
     if not isinstance(rec, dict) or "schema" not in rec or "kind" not in rec:
@@ -152,8 +171,8 @@ def read_numbered_records(path: str, on_torn: Callable[[str], None] | None = Non
     """``(line number, record)`` for every record of a JSONL results file; a clear error for anything
     unreadable.
 
-    A torn final line (no trailing newline and not a whole JSON text: a writer killed mid-append, or
-    one still writing) is skipped; its message goes to `on_torn` if given, else it is issued as a
+    A torn final line (no trailing newline, the beginning of a record but not a whole JSON text: a
+    writer killed mid-append, or one still writing) is skipped; its message goes to `on_torn` if given, else it is issued as a
     :class:`TornRecordWarning`. An unreadable line anywhere else is a :class:`ResultsFileError` naming
     file and line.
     """

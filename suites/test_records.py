@@ -145,3 +145,34 @@ def test_each_record_is_one_write_of_the_whole_line(tmp_path, monkeypatch):
     path = str(tmp_path / "r.jsonl")
     rec = RecordWriter(path, run_id="r").write("timing", pad="y" * 100_000)
     assert len(calls) == 1 and calls[0].endswith(b"\n") and json.loads(calls[0])["pad"] == rec["pad"]
+
+
+def test_writer_leaves_a_file_that_is_not_ours_alone(tmp_path):
+    """A final line that is neither JSON nor the start of a record (not a torn record) is not cut: the
+    writer refuses with a ResultsFileError and the file is unchanged; the reader calls it an error too."""
+    p = tmp_path / "notes.jsonl"
+    p.write_bytes(b"first line\nsomething else")
+    with pytest.raises(ResultsFileError, match=r"notes\.jsonl: expected a results file ending in a whole line"):
+        RecordWriter(str(p)).write("env")
+    assert p.read_bytes() == b"first line\nsomething else"
+    with pytest.raises(ResultsFileError, match=r"notes\.jsonl:1"):
+        read_records(str(p))
+    p.write_bytes(_record_line(tmp_path, test_id="a") + b"partial, not a record")
+    with pytest.raises(ResultsFileError, match=r"notes\.jsonl:2: expected a JSON record"):
+        read_records(str(p))
+
+
+def test_short_write_is_cut_off_and_reported(tmp_path, monkeypatch):
+    """If the kernel takes only part of a line (disk full), the part is cut off again and the write fails:
+    the file still ends in a whole line."""
+    path = str(tmp_path / "r.jsonl")
+    w = RecordWriter(path, run_id="r")
+    w.write("env")
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, bytes(data)[: len(data) // 2]))
+    with pytest.raises(OSError, match=r"wrote \d+ of \d+ bytes of a record"):
+        w.write("timing", pad="z" * 1000)
+    monkeypatch.setattr(os, "write", real)
+    assert [r["kind"] for r in read_records(path)] == ["env"]
+    with open(path, "rb") as f:
+        assert f.read().endswith(b"\n")
