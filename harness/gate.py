@@ -15,11 +15,23 @@ Findings that gate (exit code 1)
   performance   tok/s (else GB/s, else 1/ms) below (1 - threshold') x baseline, where
                 threshold' = threshold + noise_k x max(p20-p80 spread / p50 of either run), so noise
                 does not gate; peers' timings (peer=true) are gated only with --gate-peers;
-  missing       a baseline case (comparison group or timing) absent from the candidate.
+  missing       a baseline case (comparison group or timing) absent from the candidate;
+  invalid-timing a timing record (of either run, with no `error`) whose numbers cannot be a
+                measurement: tok/s, GB/s or ms p20/p50/p80 NaN, infinite, zero or negative,
+                p20 <= p50 <= p80 violated, or no tok/s, GB/s or ms p50 at all. Such a case cannot
+                be judged, and a gate that cannot judge a case does not pass it: a candidate whose
+                timings are all NaN, 0 or negative fails with one finding per case (and a baseline
+                with such a timing fails every gate against it until it is re-recorded).
 Informational: still-failing comparisons, improvements, new cases, shapes hypothesis drew differently.
 
-Exit codes: 0 clean, 1 regression found, 2 usage error or unreadable input (including runs from
-different devices without --allow-cross-device).
+Thresholds must be finite: --perf-threshold in [0, 1), --noise-k >= 0, --err-k >= 1,
+--err-floor-frac >= 0 (NaN or inf would switch gating off); they are checked before any file is read.
+
+Exit codes: 0 clean, 1 regression found, 2 bad input or internal error: a bad option, an unreadable
+file, a record field of the wrong type (the message names file, line, field, expected and got),
+runs from different devices without --allow-cross-device, or a failure of the gate itself. A crash is
+never reported as 1. A results file with a torn final line (a writer killed mid-append) is read
+without that line, with a warning on stderr.
 """
 from __future__ import annotations
 
@@ -27,11 +39,14 @@ import json
 import math
 import os
 import sys
+import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 
+from harness.records import TornRecordWarning
 from harness.report.runs import Run, RunError, check_same_device, load_run, num, shape_key
 
-GATING_KINDS = ("accuracy", "new-failure", "error-growth", "performance", "missing")
+GATING_KINDS = ("accuracy", "new-failure", "error-growth", "performance", "missing", "invalid-timing")
 
 
 @dataclass
@@ -44,15 +59,19 @@ class GateConfig:
     allow_cross_device: bool = False
 
     def validate(self) -> None:
+        """ValueError naming the option unless every threshold is a finite number in its range."""
         from reference.validate import fail
-        if not (0 <= self.perf_threshold < 1):
-            fail("--perf-threshold", "a fraction in [0, 1)", self.perf_threshold)
-        if self.noise_k < 0:
-            fail("--noise-k", "a number >= 0", self.noise_k)
-        if self.err_k < 1:
-            fail("--err-k", "a factor >= 1", self.err_k)
-        if self.err_floor_frac < 0:
-            fail("--err-floor-frac", "a number >= 0", self.err_floor_frac)
+
+        def real(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not (real(self.perf_threshold) and 0 <= self.perf_threshold < 1):
+            fail("--perf-threshold", "a finite fraction in [0, 1)", self.perf_threshold)
+        if not (real(self.noise_k) and self.noise_k >= 0):
+            fail("--noise-k", "a finite number >= 0", self.noise_k)
+        if not (real(self.err_k) and self.err_k >= 1):
+            fail("--err-k", "a finite factor >= 1", self.err_k)
+        if not (real(self.err_floor_frac) and self.err_floor_frac >= 0):
+            fail("--err-floor-frac", "a finite number >= 0", self.err_floor_frac)
 
 
 @dataclass
@@ -132,14 +151,45 @@ def _merge_comparisons(recs: list[dict]) -> dict:
     return out
 
 
-def throughput(r: dict) -> tuple[str, float | None]:
-    """(metric name, value) used for perf gating: tok/s, else GB/s, else 1/ms."""
-    for name in ("tok_s", "gb_s"):
-        v = num(r.get(name))
-        if v is not None and math.isfinite(v) and v > 0:
+METRICS = ("tok_s", "gb_s", "1/ms")
+_TIMING_NUMBERS = ("tok_s", "gb_s", "ms_p20", "ms_p50", "ms_p80")
+
+
+def _metric(r: dict, name: str) -> float | None:
+    if name == "1/ms":
+        ms = num(r.get("ms_p50"))
+        return 1.0 / ms if ms and ms > 0 and math.isfinite(ms) else None
+    v = num(r.get(name))
+    return v if v is not None and math.isfinite(v) and v > 0 else None
+
+
+def throughput(r: dict, other: dict | None = None) -> tuple[str, float | None]:
+    """(metric name, value) used for perf gating: tok/s, else GB/s, else 1/ms -- the first one that `r`
+    (and `other`, if given) both have."""
+    for name in METRICS:
+        v = _metric(r, name)
+        if v is not None and (other is None or _metric(other, name) is not None):
             return name, v
-    ms = num(r.get("ms_p50"))
-    return "1/ms", (1.0 / ms if ms and ms > 0 and math.isfinite(ms) else None)
+    return METRICS[-1], None
+
+
+def timing_problem(r: dict) -> str | None:
+    """Why a timing record (one without `error`) cannot be a measurement, or None if it can."""
+    if r.get("error"):
+        return None
+    bad = []
+    for k in _TIMING_NUMBERS:
+        v = num(r.get(k))
+        if v is not None and not (math.isfinite(v) and v > 0):
+            bad.append(f"{k} = {v:g}")
+    if bad:
+        return ", ".join(bad) + " (expected finite numbers > 0)"
+    p20, p50, p80 = (num(r.get(k)) for k in ("ms_p20", "ms_p50", "ms_p80"))
+    if None not in (p20, p50, p80) and not p20 <= p50 <= p80:
+        return f"ms p20 {p20:g}, p50 {p50:g}, p80 {p80:g} (expected p20 <= p50 <= p80)"
+    if all(num(r.get(k)) is None for k in ("tok_s", "gb_s", "ms_p50")):
+        return "no tok_s, gb_s or ms_p50 (and no error)"
+    return None
 
 
 def rel_spread(r: dict) -> float:
@@ -212,6 +262,14 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
     bt = {timing_key(r): r for r in base.timings}
     ct = {timing_key(r): r for r in cand.timings}
     perf_matched = improved = 0
+    invalid = set()
+    for run, side, table in ((base, "baseline", bt), (cand, "candidate", ct)):
+        for k, r in table.items():
+            why = timing_problem(r)
+            if why is not None and (side == "candidate" or k in ct):
+                invalid.add(k)
+                F.append(Finding("invalid-timing", fmt_key(k), f"{side} {run.where(r)}: {why}",
+                                 *(("invalid", None) if side == "baseline" else (None, "invalid"))))
     for k, b in bt.items():
         c = ct.get(k)
         if c is None:
@@ -219,12 +277,14 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
                              throughput(b)[1], None))
             continue
         perf_matched += 1
+        if k in invalid:
+            continue
         if c.get("error") and not b.get("error"):
             F.append(Finding("missing", fmt_key(k), f"benchmark failed in the candidate: {c['error'][:200]}",
                              throughput(b)[1], None))
             continue
-        mname, bv = throughput(b)
-        cname, cv = throughput(c)
+        mname, bv = throughput(b, c)
+        cname, cv = throughput(c, b)
         if bv is None or cv is None or cname != mname:
             F.append(Finding("info", fmt_key(k), f"no comparable throughput ({mname} vs {cname})", bv, cv))
             continue
@@ -316,22 +376,37 @@ def add_args(p) -> None:
 
 
 def run_gate(args) -> int:
-    cfg = GateConfig(perf_threshold=args.perf_threshold, noise_k=args.noise_k, err_k=args.err_k,
-                     err_floor_frac=args.err_floor_frac, gate_peers=args.gate_peers,
-                     allow_cross_device=args.allow_cross_device)
+    """The `harness gate` command: 0 clean, 1 regression found, 2 bad input or internal error."""
     try:
-        base = load_run(args.baseline)
-        cand = load_run(args.candidate)
+        cfg = GateConfig(perf_threshold=args.perf_threshold, noise_k=args.noise_k, err_k=args.err_k,
+                         err_floor_frac=args.err_floor_frac, gate_peers=args.gate_peers,
+                         allow_cross_device=args.allow_cross_device)
+        cfg.validate()  # before any file is read
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TornRecordWarning)  # kept on the runs, printed below
+            base = load_run(args.baseline)
+            cand = load_run(args.candidate)
+        for w in base.warnings + cand.warnings:
+            print(f"harness gate: warning: {w}", file=sys.stderr)
         res = gate_runs(base, cand, cfg)
+        table = summary_table(res, show_info=args.all)
     except (RunError, ValueError) as e:
         print(f"harness gate: {e}", file=sys.stderr)
         return 2
-    print(summary_table(res, show_info=args.all))
+    except Exception as e:  # noqa: BLE001 - a failure of the gate itself is exit 2, never 1 ("regression")
+        traceback.print_exc(file=sys.stderr)
+        print(f"harness gate: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(table)
     if args.json:
-        tmp = args.json + ".tmp"
-        d = os.path.dirname(os.path.abspath(args.json))
-        os.makedirs(d, exist_ok=True)
-        with open(tmp, "w") as f:
-            json.dump(res.to_dict(), f, indent=1, default=str)
-        os.replace(tmp, args.json)
+        try:
+            tmp = args.json + ".tmp"
+            d = os.path.dirname(os.path.abspath(args.json))
+            os.makedirs(d, exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(res.to_dict(), f, indent=1, default=str)
+            os.replace(tmp, args.json)
+        except OSError as e:
+            print(f"harness gate: --json: expected a writable path, got {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
     return res.exit_code

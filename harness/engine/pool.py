@@ -17,8 +17,11 @@ Whatever the layout, ``conv(layer)`` has the logical shape ``(num_slots, conv_di
 Slots
   ``alloc() -> int`` hands out the lowest free slot id; ``free(slot)``; double free, freeing an id
   that was never handed out or is out of range, and use of the pad id are ValueErrors; allocating from
-  a full pool raises :class:`PoolExhausted`. ``PAD_SLOT_ID = -1`` marks a padded request: gather returns
-  zeros for it and scatter skips it (it must never wrap to the last slot).
+  a full pool raises :class:`PoolExhausted`. A slot id is an int or a 0-d integer tensor (anything else,
+  a bool, a float or a one-element 1-d tensor, is a ValueError). Every operation checks all of its
+  arguments before it changes anything: a call that raises leaves slots and states as they were.
+  ``PAD_SLOT_ID = -1`` marks a padded request: gather returns zeros for it and scatter skips it (it
+  must never wrap to the last slot).
 
 Snapshots
   ``snapshot(slot)`` returns a :class:`Snapshot` (a dict ``{"conv.<l>": t, "recurrent.<l>": t}`` of
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from typing import Sequence
 
 import torch
@@ -63,6 +67,11 @@ class Snapshot(dict):
     @property
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.values())
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """An integer dtype (not bool): what slot ids and token ids may be held in."""
+    return dtype != torch.bool and not dtype.is_floating_point and not dtype.is_complex
 
 
 def _round_up(x: int, m: int) -> int:
@@ -190,8 +199,12 @@ class StatePool:
     def allocated(self) -> frozenset[int]:
         return frozenset(self._allocated)
 
-    def is_allocated(self, slot: int) -> bool:
-        return slot in self._allocated
+    def is_allocated(self, slot) -> bool:
+        return self._slot_id("slot", slot, allow_pad=True) in self._allocated
+
+    def lowest_free(self, n: int) -> list[int]:
+        """The slot ids the next `n` alloc() calls would hand out (fewer if fewer are free)."""
+        return heapq.nsmallest(n, self._free_heap)
 
     def alloc(self, *, zero: bool = False) -> int:
         """Hand out the lowest free slot id (its state is left as is unless `zero`)."""
@@ -203,35 +216,45 @@ class StatePool:
             self.zero_(slot)
         return slot
 
-    def free(self, slot: int) -> None:
-        self._check_slot_id("slot", slot)
+    def free(self, slot) -> None:
+        slot = self._slot_id("slot", slot)
         if slot not in self._allocated:
             fail("slot", "an allocated slot id", f"{slot}, which is free (double free or never allocated)")
         self._allocated.remove(slot)
         heapq.heappush(self._free_heap, slot)
 
-    def _check_slot_id(self, arg: str, slot, allow_pad: bool = False) -> None:
-        if isinstance(slot, torch.Tensor) and slot.numel() == 1:
-            slot = int(slot)
-        if isinstance(slot, bool) or not isinstance(slot, int):
+    def _slot_id(self, arg: str, slot, allow_pad: bool = False) -> int:
+        """`slot` as an int: an int (not a bool) or a 0-d integer tensor, in range (or PAD_SLOT_ID if
+        `allow_pad`); ValueError otherwise."""
+        if isinstance(slot, torch.Tensor):
+            if slot.dim() != 0 or not is_integer_dtype(slot.dtype):
+                fail(arg, "an int slot id or a 0-d integer tensor",
+                     f"a tensor of shape {tuple(slot.shape)} {slot.dtype}")
+            slot = int(slot.item())
+        elif isinstance(slot, bool):
             fail(arg, "an int slot id", repr(slot))
+        else:
+            try:
+                slot = operator.index(slot)
+            except TypeError:
+                fail(arg, "an int slot id", repr(slot))
         if slot == PAD_SLOT_ID:
             if not allow_pad:
                 fail(arg, f"a real slot id (not PAD_SLOT_ID={PAD_SLOT_ID})", slot)
-            return
+            return slot
         if not 0 <= slot < self.num_slots:
             fail(arg, f"a slot id in 0..{self.num_slots - 1}" + (f" or PAD_SLOT_ID={PAD_SLOT_ID}" if allow_pad else ""),
                  slot)
+        return slot
 
     def _check_live(self, arg: str, slot) -> int:
-        self._check_slot_id(arg, slot)
-        slot = int(slot)
+        slot = self._slot_id(arg, slot)
         if slot not in self._allocated:
             fail(arg, "an allocated slot id", f"{slot}, which is free")
         return slot
 
-    def zero_(self, slot: int) -> None:
-        self._check_slot_id("slot", slot)
+    def zero_(self, slot) -> None:
+        slot = self._slot_id("slot", slot)
         for c, r in zip(self._conv, self._rec):
             c[slot].zero_()
             r[slot].zero_()
@@ -249,13 +272,19 @@ class StatePool:
     # ------------------------------------------------------------------ batched access for a runner
     def _slot_list(self, slots) -> list[int]:
         if isinstance(slots, torch.Tensor):
+            if slots.dim() != 1 or not is_integer_dtype(slots.dtype):
+                fail("slots", "a sequence of slot ids or a 1-d integer tensor",
+                     f"a tensor of shape {tuple(slots.shape)} {slots.dtype}")
             slots = slots.detach().cpu().tolist()
-        slots = list(slots)
+        elif isinstance(slots, (str, bytes)) or not hasattr(slots, "__iter__"):
+            fail("slots", "a sequence of slot ids or a 1-d integer tensor", repr(slots))
+        out = []
         for i, s in enumerate(slots):
-            self._check_slot_id(f"slots[{i}]", s, allow_pad=True)
-            if s != PAD_SLOT_ID and int(s) not in self._allocated:
+            s = self._slot_id(f"slots[{i}]", s, allow_pad=True)
+            if s != PAD_SLOT_ID and s not in self._allocated:
                 fail(f"slots[{i}]", "an allocated slot id or PAD_SLOT_ID", f"{s}, which is free")
-        return [int(s) for s in slots]
+            out.append(s)
+        return out
 
     def gather(self, layer: int, slots: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous copies of `layer`'s states for `slots` (zeros for PAD_SLOT_ID rows):
@@ -279,6 +308,7 @@ class StatePool:
         targets = [slots[i] for i in live]
         if len(set(targets)) != len(targets):
             fail("slots", "distinct slot ids (apart from PAD_SLOT_ID)", slots)
+        writes = []  # every value is checked (and converted) before anything is written
         for name, dst, val in (("conv", self.conv(layer), conv), ("recurrent", self.recurrent(layer), recurrent)):
             if val is None:
                 continue
@@ -286,7 +316,9 @@ class StatePool:
             if not isinstance(val, torch.Tensor) or tuple(val.shape) != want:
                 fail(name, f"a tensor of shape {want}", tuple(val.shape) if isinstance(val, torch.Tensor) else val)
             if live:
-                dst[targets] = val[live].to(dst.dtype)
+                writes.append((dst, val[live].to(device=dst.device, dtype=dst.dtype)))
+        for dst, val in writes:
+            dst[targets] = val
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, slot: int, num_tokens: int | None = None) -> Snapshot:

@@ -67,26 +67,37 @@ class PrefixCache:
         """Stored prefix lengths, least recently used first."""
         return [len(t) for t, _ in self._entries.values()]
 
-    def lookup(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, Any]:
-        """The longest stored prefix of `tokens` of at most `max_tokens` tokens (default: all of them):
-        ``(num_cached_tokens, snapshot)``, or ``(0, None)`` on a miss. A hit becomes most recently used."""
+    def _find(self, tokens: Sequence[int], max_tokens: int | None):
+        """(hash key or None, num_cached_tokens, snapshot) of the longest stored prefix; changes nothing."""
         toks = tuple(int(t) for t in tokens)
         limit = len(toks) if max_tokens is None else max_tokens
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             fail("max_tokens", "None or an int >= 0", repr(max_tokens))
         if self.mode == "none":
-            self.misses += 1
-            return 0, None
+            return None, 0, None
         hashes = block_hashes(toks[: min(limit, len(toks))], self.block_size)
         for i in range(len(hashes) - 1, -1, -1):
             e = self._entries.get(hashes[i])
             n = (i + 1) * self.block_size
             if e is not None and e[0] == toks[:n]:
-                self._entries.move_to_end(hashes[i])
-                self.hits += 1
-                return n, e[1]
-        self.misses += 1
-        return 0, None
+                return hashes[i], n, e[1]
+        return None, 0, None
+
+    def peek(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, Any]:
+        """What :meth:`lookup` would return, without counting it or refreshing the entry."""
+        _, n, snap = self._find(tokens, max_tokens)
+        return n, snap
+
+    def lookup(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, Any]:
+        """The longest stored prefix of `tokens` of at most `max_tokens` tokens (default: all of them):
+        ``(num_cached_tokens, snapshot)``, or ``(0, None)`` on a miss. A hit becomes most recently used."""
+        key, n, snap = self._find(tokens, max_tokens)
+        if key is None:
+            self.misses += 1
+            return 0, None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return n, snap
 
     def insert(self, tokens_prefix: Sequence[int], snapshot: Any) -> bool:
         """Store `snapshot` as the state after `tokens_prefix` (a non-empty whole number of blocks).

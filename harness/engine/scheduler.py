@@ -17,15 +17,50 @@ Positions: a request with prompt length P has computed ``num_computed`` tokens; 
 last output token at position ``num_computed`` (P, P+1, ...). The last sampled token is never fed, so a
 request occupies at most ``P + max_new_tokens - 1`` positions; the length check uses
 ``P + max_new_tokens`` against ``max_model_len``.
+
+Every call is all-or-nothing: ``add``, ``schedule``, ``update`` and ``finish`` check everything (request
+ids, sampled tokens, chunk sizes, that a prefix-cache snapshot fits the pool) before they change any
+state, so a call that raises leaves the scheduler, its pool and its prefix cache as they were and can
+be retried once the cause is fixed.
 """
 from __future__ import annotations
 
+import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
+import torch
+
 from reference.validate import fail
 
-from .pool import StatePool
+from .pool import StatePool, is_integer_dtype
+
+
+def check_request_id(arg: str, rid) -> None:
+    """ValueError unless `rid` can be a request id (hashable: ids key dicts and sets)."""
+    try:
+        hash(rid)
+    except TypeError:
+        fail(arg, "a hashable request id (str, int, tuple, ...)", f"{type(rid).__name__} {rid!r}"[:80])
+
+
+def token_id(arg: str, t) -> int:
+    """`t` as a token id: an int >= 0 (not a bool), or a 0-d integer tensor; ValueError otherwise."""
+    if isinstance(t, torch.Tensor):
+        if t.dim() != 0 or not is_integer_dtype(t.dtype):
+            fail(arg, "a token id (an int >= 0)", f"a tensor of shape {tuple(t.shape)} {t.dtype}")
+        t = int(t.item())
+    elif isinstance(t, bool):
+        fail(arg, "a token id (an int >= 0)", repr(t))
+    else:
+        try:
+            t = operator.index(t)
+        except TypeError:
+            fail(arg, "a token id (an int >= 0)", repr(t)[:60])
+    if t < 0:
+        fail(arg, "a token id (an int >= 0)", t)
+    return t
 
 
 @dataclass(frozen=True)
@@ -39,7 +74,12 @@ class Request:
     track: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        check_request_id("id", self.id)
+        try:
+            prompt = tuple(self.prompt)
+        except TypeError:
+            fail("prompt", f"a sequence of token ids (request {self.id!r})", repr(self.prompt)[:60])
+        object.__setattr__(self, "prompt", tuple(token_id(f"prompt[{i}]", t) for i, t in enumerate(prompt)))
         if len(self.prompt) == 0:
             fail("prompt", f"at least one token (request {self.id!r})", "an empty prompt")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
@@ -186,6 +226,7 @@ class Scheduler:
         self.waiting.append(request)
 
     def state(self, request_id) -> RequestState:
+        check_request_id("request_id", request_id)
         if request_id not in self.running:
             fail("request_id", "a running request id", repr(request_id))
         return self.running[request_id]
@@ -208,27 +249,16 @@ class Scheduler:
             fail("chunk_fn", f"a chunk size in 1..{cap} (request {rid!r} at {start})", repr(n))
         return n
 
-    def _admit(self, req: Request) -> RequestState:
-        slot = self.pool.alloc()
-        st = RequestState(req, slot)
-        if self.prefix_cache is not None:
-            n, snap = self.prefix_cache.lookup(req.prompt, max_tokens=len(req.prompt) - 1)
-            if n > 0:
-                self.pool.restore(slot, snap)
-                st.num_computed = st.num_cached = n
-        self.running[req.id] = st
-        return st
-
-    def _prefill_entry(self, st: RequestState, budget: int) -> BatchEntry:
-        prompt = st.request.prompt
-        n = self._chunk(st.request.id, st.num_computed, len(prompt) - st.num_computed, budget)
-        start = st.num_computed
-        return BatchEntry(st.request.id, st.slot, start, n, False, prompt[start:start + n],
-                          sample=start + n == len(prompt), track=st.request.track)
+    def _prefill_entry(self, req: Request, slot: int, start: int, budget: int) -> BatchEntry:
+        prompt = req.prompt
+        n = self._chunk(req.id, start, len(prompt) - start, budget)
+        return BatchEntry(req.id, slot, start, n, False, prompt[start:start + n],
+                          sample=start + n == len(prompt), track=req.track)
 
     def schedule(self) -> Batch | None:
         """The next step's batch, or None when there is nothing to run. Call :meth:`update` before the
-        next schedule()."""
+        next schedule(). The step is planned in full (chunk sizes, admissions, the prefix-cache snapshot
+        each admitted request starts from, checked against the pool) before any state changes."""
         if self._pending is not None:
             raise RuntimeError("schedule() called again before update() of the previous batch")
         budget = self.token_budget
@@ -243,44 +273,72 @@ class Scheduler:
                                           sample=True, track=st.request.track))
                 budget -= 1
                 nseq += 1
-        for st in list(self.running.values()):
+        for st in self.running.values():
             if budget == 0 or nseq == self.max_num_seqs:
                 break
             if st.in_prefill:
-                e = self._prefill_entry(st, budget)
+                e = self._prefill_entry(st.request, st.slot, st.num_computed, budget)
                 prefills.append(e)
                 budget -= e.num_tokens
                 nseq += 1
-        while self.waiting and budget > 0 and nseq < self.max_num_seqs and self.pool.num_free > 0:
-            st = self._admit(self.waiting.pop(0))
-            e = self._prefill_entry(st, budget)
+        admits = []  # (request, slot, cached tokens, snapshot)
+        free = self.pool.lowest_free(min(len(self.waiting), self.max_num_seqs))
+        for req, slot in zip(self.waiting, free):
+            if budget == 0 or nseq == self.max_num_seqs:
+                break
+            n, snap = 0, None
+            if self.prefix_cache is not None:
+                n, snap = self.prefix_cache.peek(req.prompt, max_tokens=len(req.prompt) - 1)
+                if n > 0:
+                    try:
+                        self.pool.check_snapshot(snap)
+                    except ValueError as e:
+                        raise ValueError(f"prefix cache: the snapshot of the first {n} tokens of request "
+                                         f"{req.id!r} does not fit the state pool: {e}") from None
+            e = self._prefill_entry(req, slot, n, budget)
+            admits.append((req, slot, n, snap))
             prefills.append(e)
             budget -= e.num_tokens
             nseq += 1
         if not prefills and not decodes:
             return None
-        self._pending = Batch(tuple(prefills) + tuple(decodes))
-        return self._pending
+        batch = Batch(tuple(prefills) + tuple(decodes))
+        # commit: nothing below can fail on input checked above
+        for req, slot, n, snap in admits:
+            got = self.pool.alloc()
+            assert got == slot, (got, slot)
+            if self.prefix_cache is not None:
+                self.prefix_cache.lookup(req.prompt, max_tokens=len(req.prompt) - 1)  # count it, refresh LRU
+                if n > 0:
+                    self.pool.restore(slot, snap)
+            self.running[req.id] = RequestState(req, slot, num_computed=n, num_cached=n)
+        del self.waiting[:len(admits)]
+        self._pending = batch
+        return batch
 
-    def update(self, batch: Batch, sampled: dict | None = None) -> list:
+    def update(self, batch: Batch, sampled: Mapping | None = None) -> list:
         """Advance the requests of `batch` (the last scheduled one) and append sampled tokens.
 
-        `sampled` maps request id -> token id for exactly the entries with ``sample=True``.
-        Returns the ids of requests that finished (their slots are freed).
+        `sampled` maps request id -> token id (an int >= 0) for exactly the entries with ``sample=True``.
+        Returns the ids of requests that finished (their slots are freed). Bad input changes nothing.
         """
         if batch is not self._pending:
             fail("batch", "the batch returned by the last schedule()", "another batch")
-        sampled = dict(sampled or {})
+        if sampled is None:
+            sampled = {}
+        if not isinstance(sampled, Mapping):
+            fail("sampled", "a dict request id -> token id", type(sampled).__name__)
         want = {e.request_id for e in batch if e.sample}
         if set(sampled) != want:
             fail("sampled", f"tokens for exactly the sampling entries {sorted(map(repr, want))}",
                  sorted(map(repr, sampled)))
+        tokens = {rid: token_id(f"sampled[{rid!r}]", t) for rid, t in sampled.items()}
         done = []
         for e in batch:
             st = self.running[e.request_id]
             st.num_computed += e.num_tokens
             if e.sample:
-                st.output.append(int(sampled[e.request_id]))
+                st.output.append(tokens[e.request_id])
                 if len(st.output) >= st.request.max_new_tokens:
                     done.append(e.request_id)
         for rid in done:
@@ -293,10 +351,11 @@ class Scheduler:
 
     def finish(self, request_id) -> None:
         """Abort/finish a running request early (e.g. on EOS) and free its slot."""
+        check_request_id("request_id", request_id)
         if self._pending is not None and any(e.request_id == request_id for e in self._pending):
             raise RuntimeError(f"request {request_id!r} is in the pending batch; call update() first")
-        st = self.running.pop(request_id, None)
-        if st is None:
+        if request_id not in self.running:
             fail("request_id", "a running request id", repr(request_id))
+        st = self.running.pop(request_id)
         self.pool.free(st.slot)
         self.finished[request_id] = list(st.output)

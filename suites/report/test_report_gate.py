@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.gate import GateConfig, gate_runs
+from harness.records import TornRecordWarning
 from harness.report.runs import Run, RunError, load_run
 from harness.report.samples import make_run
 
@@ -191,3 +192,167 @@ def test_pytest_benchmark_json_is_a_run(tmp_path):
     folder.mkdir()
     os.rename(c, folder / "bench-pytest.json")
     assert main(["gate", "--baseline", b, "--candidate", str(folder)]) == 1
+
+
+# ------------------------------------------------------------------------ bad input, torn files, broken timings
+
+def _rewrite(src: str, dst, mutate) -> str:
+    """Copy the records of `src` to `dst`, passing each (a dict) through `mutate` first."""
+    with open(src) as f:
+        recs = [json.loads(line) for line in f]
+    with open(dst, "w") as f:
+        for r in recs:
+            mutate(r)
+            f.write(json.dumps(r) + "\n")
+    return str(dst)
+
+
+def _first(kind, field, value):
+    """A mutation setting `field` of the first record of `kind` (its 1-based line goes into `seen`)."""
+    seen = {"n": 0, "line": None}
+
+    def mutate(r):
+        seen["n"] += 1
+        if r["kind"] == kind and seen["line"] is None:
+            seen["line"] = seen["n"]
+            r[field] = value
+    return mutate, seen
+
+
+@pytest.mark.parametrize("kind,field,value,expected", [
+    ("comparison", "tolerance", "tight", "an object or null"),
+    ("comparison", "err_ratio", "small", "a number (or 'nan'/'inf'/'-inf') or null"),
+    ("comparison", "verdict", 1, "'pass' or 'fail'"),
+    ("timing", "error", 5, "a string or null"),
+    ("timing", "tok_s", [1.0], "a number (or 'nan'/'inf'/'-inf') or null"),
+    ("timing", "peer", "yes", "true, false or null"),
+    ("env", "env", ["cuda", "H200"], "an object or null"),
+])
+def test_malformed_field_is_exit_2_naming_file_line_field(runs, tmp_path, capsys, kind, field, value, expected):
+    """A record field of the wrong type is bad input: gate and report exit 2 (never 1, never a crash) with
+    file, line, field, what was expected and what came."""
+    base = runs("base")
+    mutate, seen = _first(kind, field, value)
+    bad = _rewrite(base, tmp_path / "bad.jsonl", mutate)
+    want = f"bad.jsonl:{seen['line']}: field '{field}': expected {expected}, got {value!r}"
+    assert main(["gate", "--baseline", base, "--candidate", bad]) == 2
+    assert want in capsys.readouterr().err
+    assert main(["gate", "--baseline", bad, "--candidate", base]) == 2
+    assert want in capsys.readouterr().err
+    out = tmp_path / "r.html"
+    assert main(["report", base, bad, "-o", str(out)]) == 2 and not out.exists()
+    assert want in capsys.readouterr().err
+
+
+def test_malformed_pytest_benchmark_json_is_exit_2(tmp_path, capsys):
+    """pytest-benchmark JSON with `median: null` (or extra_info of the wrong type) is exit 2 naming the
+    benchmark and field, for the gate and the report."""
+    good = _pytest_benchmark_json(tmp_path / "good.json", 1e-3, 0.99e-3, 1.01e-3)
+    for name, edit, want in (
+            ("median", lambda b: b["stats"].update(median=None), "field 'stats.median': expected a number, got None"),
+            ("q3", lambda b: b["stats"].update(q3="slow"), "field 'stats.q3': expected a number, got 'slow'"),
+            ("tokens", lambda b: b["extra_info"].update(tokens={}), "field 'extra_info.tokens': expected a number"),
+            ("extra", lambda b: b.update(extra_info=[1]), "field 'extra_info': expected an object or null")):
+        data = json.loads(open(good).read())
+        edit(data["benchmarks"][0])
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(json.dumps(data))
+        assert main(["gate", "--baseline", good, "--candidate", str(bad)]) == 2, name
+        err = capsys.readouterr().err
+        assert f"{name}.json: benchmarks[0] ('test_bench[conv-ref]')" in err and want in err, err
+        assert main(["report", good, str(bad), "-o", str(tmp_path / "r.html")]) == 2
+        assert want in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", 0, -1.0, "-inf"])
+def test_impossible_timings_fail_the_gate(runs, tmp_path, capsys, value):
+    """A candidate whose timings are all NaN, 0 or negative fails (exit 1, one invalid-timing finding per
+    timing case, naming file and line); the same numbers in the baseline fail the gate too; the report
+    still renders both."""
+    base = runs("base")
+
+    def broken(r):
+        if r["kind"] == "timing":
+            for k in ("tok_s", "gb_s", "ms_p20", "ms_p50", "ms_p80"):
+                r[k] = value
+    cand = _rewrite(base, tmp_path / "cand.jsonl", broken)
+    n_timings = len(load_run(base).timings)
+    res = gate_runs(load_run(base), load_run(cand))
+    inv = kinds(res, "invalid-timing")
+    assert len(inv) == n_timings and res.exit_code == 1
+    assert all(f.detail.startswith("candidate ") and "cand.jsonl:" in f.detail for f in inv)
+    assert main(["gate", "--baseline", base, "--candidate", cand]) == 1
+    assert "invalid-timing" in capsys.readouterr().out
+    assert main(["gate", "--baseline", cand, "--candidate", base]) == 1
+    assert "baseline " in capsys.readouterr().out
+    assert main(["report", base, cand, "-o", str(tmp_path / "r.html")]) == 0
+
+
+def test_timing_without_numbers_or_out_of_order_fails_the_gate(runs, tmp_path):
+    """A timing with no tok/s, GB/s or ms (and no error), or with p20 > p50, cannot be judged: it gates,
+    also as a case new in the candidate; a timing recorded with an error is not invalid."""
+    base = load_run(runs("base"))
+
+    def t(**kw):
+        r = {"kind": "timing", "bench": "b", "op": "op", "impl": "triton", "dtype": "bfloat16", "shape": {"T": 8},
+             "tokens": 8, "tok_s": 1e6, "ms_p20": 0.009, "ms_p50": 0.01, "ms_p80": 0.011, "device": "cuda:0"}
+        r.update(kw)
+        return r
+    env = base.envs
+    b = Run("b", "b", envs=env, timings=[t()])
+    for bad in (t(tok_s=None, ms_p20=None, ms_p50=None, ms_p80=None), t(ms_p20=0.02)):
+        assert [f.kind for f in gate_runs(b, Run("c", "c", envs=env, timings=[bad])).regressions] == ["invalid-timing"]
+        new = Run("c", "c", envs=env, timings=[t(), dict(bad, bench="new")])
+        assert [f.kind for f in gate_runs(b, new).regressions] == ["invalid-timing"]
+    failed = t(tok_s=None, ms_p20=None, ms_p50=None, ms_p80=None, error="RuntimeError: boom")
+    assert [f.kind for f in gate_runs(b, Run("c", "c", envs=env, timings=[failed])).regressions] == ["missing"]
+
+
+@pytest.mark.parametrize("opt,value", [("--noise-k", "inf"), ("--noise-k", "nan"), ("--noise-k", "-1"),
+                                       ("--err-k", "nan"), ("--err-k", "inf"), ("--err-k", "0.5"),
+                                       ("--perf-threshold", "nan"), ("--perf-threshold", "-0.1"),
+                                       ("--err-floor-frac", "inf"), ("--err-floor-frac", "-1")])
+def test_thresholds_are_validated_before_reading(tmp_path, capsys, opt, value):
+    """A NaN, infinite or out-of-range threshold (which would switch gating off) is exit 2 naming the option,
+    before any file is read (the runs here do not exist)."""
+    nope = str(tmp_path / "nope.jsonl")
+    assert main(["gate", "--baseline", nope, "--candidate", nope, opt, value]) == 2
+    err = capsys.readouterr().err
+    assert f"{opt}: expected a finite" in err and "no such path" not in err
+    with pytest.raises(ValueError, match=opt):
+        GateConfig(**{opt[2:].replace("-", "_"): float(value)}).validate()
+
+
+def test_internal_error_is_exit_2_not_1(runs, monkeypatch, capsys):
+    """A failure inside the gate itself exits 2 with the error, never 1 (which means "regression")."""
+    import harness.gate as gate_mod
+
+    def boom(*a, **k):
+        raise KeyError("unexpected")
+    monkeypatch.setattr(gate_mod, "gate_runs", boom)
+    base = runs("base")
+    assert main(["gate", "--baseline", base, "--candidate", base]) == 2
+    assert "internal error: KeyError" in capsys.readouterr().err
+
+
+def test_torn_final_line_is_a_warning_torn_middle_line_an_error(runs, tmp_path, capsys):
+    """A results file whose last record was cut by a killed writer gates and reports with a warning on
+    stderr; a torn line before the last one is exit 2 naming file and line."""
+    base = runs("base")
+    with open(base, "rb") as f:
+        data = f.read()
+    cand = tmp_path / "cand.jsonl"
+    cand.write_bytes(data + data.splitlines(True)[-1][:50])
+    n = len(data.splitlines())
+    assert main(["gate", "--baseline", base, "--candidate", str(cand)]) == 0
+    cap = capsys.readouterr()
+    assert f"harness gate: warning: {cand}:{n + 1}: skipped a torn final line" in cap.err and "gate: PASS" in cap.out
+    with pytest.warns(TornRecordWarning, match=f"cand.jsonl:{n + 1}"):
+        run = load_run(str(cand))
+    assert len(run.warnings) == 1 and len(run.timings) == len(load_run(base).timings)
+    with pytest.warns(TornRecordWarning):
+        assert main(["report", base, str(cand), "-o", str(tmp_path / "r.html")]) == 0
+    mid = tmp_path / "mid.jsonl"
+    mid.write_bytes(data[:100] + b"\n" + data)
+    assert main(["gate", "--baseline", base, "--candidate", str(mid)]) == 2
+    assert "mid.jsonl:1: expected a JSON record" in capsys.readouterr().err
