@@ -28,7 +28,8 @@ logits of the two tokens are within the logit tolerance; the oracle is teacher-f
 tokens so the comparison continues past such a tie.
 
 Suites wrap the properties with hypothesis (:func:`scenarios` is the strategy); ``harness selftest``
-reuses them against deliberately broken engines.
+reuses them against deliberately broken engines. A scenario needs from an implementation only the ops of
+its family (:func:`engine_ops`, as ``harness.engine.families`` lists them).
 """
 from __future__ import annotations
 

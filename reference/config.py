@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 
 # Caps on config sizes. Real checkpoints are far below them; a value above is a broken config.
-MAX_LAYERS = 1024
+MAX_LAYERS = 4096
 MAX_WIDTH = 1 << 16          # d_model, heads, ranks, groups
 MAX_INNER = 1 << 20          # d_inner (expand * d_model)
 MAX_VOCAB = 1 << 22

@@ -13,7 +13,6 @@ import pytest
 
 from harness.engine import families as engine_families
 from reference import families
-from reference.families import Registry
 from reference.loader import detect_config
 
 ROOT = Path(__file__).resolve().parents[1]

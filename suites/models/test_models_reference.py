@@ -146,7 +146,6 @@ def test_models_reference_dt_limit_prefill_and_decode_agree(seed, check):
     """Property: Mamba-2's time_step_limit is applied identically by prefill and decode (decode of a
     token == prefill of one more token), and the limit binds (a model without it differs), so a path
     that drops the clamp on either side fails here. (transformers and mamba_ssm clamp only in prefill.)"""
-    import dataclasses
     cfg = detect_config({"model_type": "mamba2", "hidden_size": 16, "num_hidden_layers": 2, "vocab_size": 30,
                          "state_size": 4, "conv_kernel": 3, "head_dim": 4, "num_heads": 8, "n_groups": 2,
                          "chunk_size": 3, "time_step_limit": [0.05, 0.4]})
@@ -158,7 +157,7 @@ def test_models_reference_dt_limit_prefill_and_decode_agree(seed, check):
     full, _ = model.prefill([prompt])
     kw = dict(op="model_decode", impl="reference", dtype=F64, tol=tolerance_for(F64, scale=10))
     check.close("decode with dt limit == prefill with dt limit", dec[0], full[0][-1], **kw)
-    unlimited = ReferenceLM(dataclasses.replace(cfg, time_step_limit=(0.0, math.inf)), params, dtype=F64)
+    unlimited = ReferenceLM(cfg.replace(time_step_limit=(0.0, math.inf)), params, dtype=F64)
     free, _ = unlimited.prefill([prompt])
     from harness.checks import compare
     assert not compare("limit binds", free[0], full[0], tolerance_for(F64)).passed, "time_step_limit never binds"
