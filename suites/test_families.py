@@ -17,10 +17,12 @@ from reference.loader import detect_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_DIRS = ("reference/families/", "harness/engine/families/")
-# "mamba1" / "mamba2" also name the two state layouts of the selective_state_update op (ops, impls, op
-# benchmarks) and the state spec kinds of reference/cache.py: literals there are not model families.
-# Comparisons that involve a `family` value are refused everywhere all the same.
-LAYOUT_TAG_FILES = ("harness/ops.py", "harness/impls/", "harness/bench/", "reference/cache.py")
+# "mamba1" / "mamba2" also name the two state layouts of the selective_state_update op, and "gdn" / "kda"
+# the two kinds of the delta-rule ops (ops, impls, op benchmarks, the reference delta rule) and the state
+# spec kinds of reference/cache.py: literals there are not model families. Comparisons that involve a
+# `family` value are refused everywhere all the same.
+LAYOUT_TAG_FILES = ("harness/ops/", "harness/impls/", "harness/bench/", "reference/cache.py",
+                    "reference/delta_rule.py")
 
 
 def _mentions_family(node) -> bool:

@@ -27,11 +27,15 @@ torch.set_num_threads(1)
 FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
 
 HF_MODELING = ("transformers.models.mamba.modeling_mamba", "transformers.models.falcon_mamba.modeling_falcon_mamba",
-               "transformers.models.mamba2.modeling_mamba2")
+               "transformers.models.mamba2.modeling_mamba2",
+               # the delta-rule oracles: Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention, which bind
+               # causal-conv1d's and flash-linear-attention's kernels the same way when those import
+               "transformers.models.qwen3_next.modeling_qwen3_next",
+               "transformers.models.kimi_linear.modeling_kimi_linear")
 
 
 def _hf_module_functions():
-    """(module, attribute, function) for every module-level function of transformers' Mamba modules."""
+    """(module, attribute, function) for every module-level function of the transformers modules of HF_MODELING."""
     import importlib
     import inspect
     for name in HF_MODELING:
@@ -42,7 +46,8 @@ def _hf_module_functions():
 
 
 def hf_torch_path_only() -> list[str]:
-    """Make transformers' Mamba modules use their own torch code; return the functions that were swapped.
+    """Make transformers' HF_MODELING modules (Mamba, the delta-rule mixers) use their own torch code; return
+    the functions that were swapped.
 
     transformers 5.x binds mamba_ssm's and causal-conv1d's kernels in place of its torch functions at
     import time when those packages import (`use_kernel_func_from_hub_with_fallback`). On the GPU box,
@@ -60,7 +65,7 @@ def hf_torch_path_only() -> list[str]:
 
 
 def hf_foreign_functions() -> list[str]:
-    """Module-level functions of transformers' Mamba modules that claim to be theirs but run other code:
+    """Module-level functions of transformers' HF_MODELING modules that claim to be theirs but run other code:
     a kernel wrapper left in place (it may call a peer's kernel). Empty once `hf_torch_path_only` ran."""
     return [f"{mod.__name__.rsplit('.', 1)[-1]}.{attr} (code in {f.__code__.co_filename})"
             for mod, attr, f in _hf_module_functions()
