@@ -48,7 +48,7 @@ from harness.engine.scheduler import Request
 from reference import families
 from reference.loader import ModelConfig, expected_parameters
 
-FAMILIES = families.names()  # every registered family
+FAMILIES = tuple(n for n in families.names() if families.get(n).whole_models)  # families with whole models
 MODES = ("none", "align", "all")
 
 # ============================================================================ tiny models

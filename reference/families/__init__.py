@@ -113,6 +113,7 @@ class Family:
     ignored_mixer_names: tuple = ()       # mixer keys checkpoints carry that are not parameters
     typical_vocab_size: int = 32768       # vocabulary of the family's best-known checkpoints
     build_fields: tuple = ()              # the family's keyword fields `build_config` accepts
+    whole_models: bool = True             # the reference builds whole language models of this family
 
     # config ----------------------------------------------------------------------------------
     def from_hf(self, raw: dict, common: dict, where):

@@ -63,6 +63,8 @@ def qwen3_next_layer_types(n_layer: int, interval: int) -> tuple:
 
 class GDNFamily(Family):
     name = "gdn"
+    # The mixer is modelled; whole hybrid models (full-attention layers between) are not yet.
+    whole_models = False
     fields = GDNFields
     hf_model_types = ("qwen3_next",)
     hf_architectures = ("Qwen3NextForCausalLM", "Qwen3NextModel")

@@ -69,6 +69,8 @@ def kimi_layer_types(raw: dict, where, n_layer: int, lac: dict) -> tuple:
 
 class KDAFamily(Family):
     name = "kda"
+    # The mixer is modelled; whole hybrid models (full-attention layers between) are not yet.
+    whole_models = False
     fields = KDAFields
     hf_model_types = ("kimi_linear",)
     hf_architectures = ("KimiLinearForCausalLM", "KimiLinearModel")
