@@ -15,6 +15,10 @@ Generic pieces (usable for any op of `harness.ops`):
   (y, pool_after) for further checks (e.g. layout agreement).
 * `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
   another pool layout (contiguous / page_major strided view), for `run_pool_case(alt_pools=...)`.
+* `poisoned(t, rows, value)`: a copy of `t` with the given rows set to a non-finite `value`;
+  `run_isolation_case(check, impl, op, clean, poisoned, kwargs, ...)`: runs the op on a clean and on a
+  poisoned copy of the same batch and checks that the requests the poison must not reach are unchanged
+  (outputs and final states close to the clean run's, unnamed slots bitwise unchanged).
 """
 from __future__ import annotations
 
@@ -162,3 +166,46 @@ def require_nightly_gpu(device: str) -> None:
         pytest.skip("needs a GPU: the case allocates > 2^31 elements (several GB)")
     if profile() != "nightly":
         pytest.skip("nightly-profile case (run with --profile nightly)")
+
+
+NONFINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def poisoned(t: torch.Tensor | None, rows, value: float) -> torch.Tensor | None:
+    """A copy of `t` whose rows (first-dim indices) `rows` hold `value`; None stays None."""
+    if t is None:
+        return None
+    out = t.clone()
+    rows = list(rows)
+    if rows:
+        out[torch.tensor(rows, dtype=torch.long, device=t.device)] = value
+    return out
+
+
+def run_isolation_case(check, impl, op: str, clean: list, poison: list, kwargs: dict, *, pool_pos: int,
+                       keep_rows: torch.Tensor, keep_slots, untouched_slots=(), dtype: torch.dtype, seed=None,
+                       shapes=None, what: str = ""):
+    """Run `op` on the argument lists `clean` and `poison` (the same batch, `poison` with non-finite values
+    planted where they must not spread; each list holds its own pool, at `pool_pos`) and check that the
+    poisoned run's output rows `keep_rows` (bool mask) and slots `keep_slots` equal the clean run's (close
+    under the dtype's policy: a NaN or inf where the clean run is finite fails), and that its slots
+    `untouched_slots` (not named by the batch, or pads') stay bitwise unchanged. `what` describes the
+    poison in failure messages. Returns (y_clean, y_poisoned)."""
+    pool_p = poison[pool_pos]
+    before = pool_p.clone()
+    y_c = impl.op(op)(*clean, **kwargs)
+    y_p = impl.op(op)(*poison, **kwargs)
+    m = keep_rows.to(y_c.device)
+    tol = tolerance_for(dtype)
+    ctx = f"poison: {what}" if what else ""
+    check.close(f"{op}.y of the other requests", y_p[m], y_c[m], op=op, impl=impl.name, dtype=dtype, tol=tol,
+                shapes=shapes, seed=seed, context=ctx)
+    keep = sorted(set(int(s) for s in keep_slots if s >= 0))
+    if keep:
+        k = torch.tensor(keep, device=pool_p.device)
+        pd = coarser(dtype, pool_p.dtype)
+        check.close(f"{op}.pool[slots {keep} of the other requests]", pool_p[k], clean[pool_pos][k], op=op,
+                    impl=impl.name, dtype=pd, tol=tolerance_for(pd), shapes=shapes, seed=seed, context=ctx)
+    for s in untouched_slots:
+        assert_bitwise_equal(f"{op}: pool[{s}] (not named by the batch, or a pad's; {ctx})", pool_p[s], before[s])
+    return y_c, y_p

@@ -266,3 +266,36 @@ def test_ssd_varlen_int64_offsets(impl, device, check, dtype):
                 shapes=dict(T=T, H=H, P=P, N=N), seed=0)
     check.close(f"{OP}.pool past 2^31 elements", pool[2], p_ref[2].to(device), op=OP, impl=impl.name,
                 dtype=dtype, shapes=dict(T=T, H=H, P=P, N=N), seed=0)
+
+
+DECAY_SIGN_CASES = {  # name: (A per head, dt_softplus, dt_limit, dt scale, dt shift)
+    "A=+0.05": (0.05, True, (0.0, math.inf), 1.0, -1.0),
+    "A=+0.5": (0.5, True, (0.0, math.inf), 1.0, -1.0),
+    "negative-dt": (-0.5, False, (-1.0, math.inf), 0.5, 0.0),
+    "A=-inf": (-math.inf, True, (0.0, math.inf), 1.0, -1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(DECAY_SIGN_CASES))
+def test_ssd_varlen_growing_and_wiping_decays(impl, device, check, name):
+    """Regression: segment-sum exponents were clamped at 0 before exp (assuming dt*A <= 0), which the
+    contract does not promise: A > 0, or dt < 0 allowed by a negative dt_limit low end, gave error ratios
+    0.1-0.9 against the oracle; A = -inf (decay exp(-inf) = 0, the state wiped at every token) gave NaN
+    from -inf - (-inf) and from 0 * -inf at chunk padding. Three requests (one mid-chunk start, one
+    shorter than a chunk, two from a state), chunk 8, fp32, against the float64 oracle."""
+    require(impl, OP, torch.float32)
+    a, softplus, limit, scale, shift = DECAY_SIGN_CASES[name]
+    H, P, N, chunk, lengths = 2, 3, 4, 8, [5, 13, 3]
+    g = gen(11)
+    T, S = sum(lengths), len(lengths)
+    x, B, C = randn(g, (T, H, P), torch.float32, device), randn(g, (T, 1, N), torch.float32, device), \
+        randn(g, (T, 1, N), torch.float32, device)
+    dt = randn(g, (T, H), torch.float32, device, scale=scale, shift=shift)
+    A = torch.full((H,), a, device=device)
+    pool = make_pool(S + 1, (H, P, N), torch.float32, device, seed=3)
+    args = [x, dt, A, B, C, chunk, randn(g, (H,), torch.float32, device), None, None, pool,
+            qsl_from(lengths, device), torch.tensor([2, 0, 3], dtype=torch.int32, device=device),
+            torch.tensor([True, False, True], device=device)]
+    run_pool_case(check, impl, OP, args, dict(dt_softplus=softplus, dt_limit=limit), pool_pos=9,
+                  live_slots=[2, 0, 3], y_mask=None, dtype=torch.float32, seed=11,
+                  shapes=dict(case=name, lengths=lengths, chunk_size=chunk))

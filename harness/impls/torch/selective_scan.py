@@ -1,13 +1,16 @@
 """Vectorized torch Mamba-1 selective scan over packed sequences (`selective_scan_varlen`).
 
-Sequences are padded to a (S, Lpad) grid (pad tokens get dt = 0 and u = 0: no decay, no input, so a
-sequence's state stays put past its end) and processed all at once, chunk by chunk. Inside a chunk of
-Lc tokens the recurrence is evaluated in closed (segment-sum) form:
+Sequences are padded to a (S, Lpad) grid (pad positions get log-decay 0, dt = 0 and zero inputs: no
+decay, no input, so a sequence's state stays put past its end) and processed all at once, chunk by
+chunk. Pad positions read token 0 (any request's); their values are replaced with torch.where, never
+multiplied by a zero mask, so a non-finite value in one request cannot reach another (0 * NaN = NaN).
+Inside a chunk of Lc tokens the recurrence is evaluated in closed (segment-sum) form, with the
+per-token log-decay a_r = dt_r A (exact for dt_r A = -inf too: no 0 * inf at pad positions):
 
-    cum_t      = sum_{r <= t} dt_r                       (from the chunk start)
-    seg[t, s]  = sum_{s < r <= t} dt_r                   (a masked cumsum: no cancellation)
-    y_t[d]     = sum_n C_t[n] (exp(A[d,n] cum_t[d]) h0[d,n] + sum_{s<=t} exp(A[d,n] seg[t,s,d]) dt_s u_s B_s[n])
-    h_end      = exp(A cum_L) h0 + sum_s exp(A seg[L-1, s]) dt_s u_s B_s
+    cum_t      = sum_{r <= t} a_r                        (from the chunk start)
+    seg[t, s]  = sum_{s < r <= t} a_r                    (a masked cumsum: no cancellation)
+    y_t[d]     = sum_n C_t[n] (exp(cum_t[d,n]) h0[d,n] + sum_{s<=t} exp(seg[t,s,d,n]) dt_s u_s B_s[n])
+    h_end      = exp(cum_L) h0 + sum_s exp(seg[L-1, s]) dt_s u_s B_s
 
 so the Python loop runs over chunks, never over tokens. Lc is chosen so the (S, Lc, Lc, Dm, N) decay
 tensor stays within a fixed element budget.
@@ -58,30 +61,36 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
             dt = dt + delta_bias.to(cd)
         if delta_softplus:
             dt = softplus(dt)
-        vm = valid[..., None].to(cd)
-        dtp = dt[tok] * vm  # (S, Lpad, Dm)
-        xp = dtp * u.to(cd)[tok] * vm  # dt * u
+        zero = torch.zeros((), dtype=cd, device=dev)
+
+        def gather(t):  # rows of `tok`, zeros (not another request's values) at padding positions
+            g = t.to(cd)[tok]
+            return torch.where(valid.reshape(valid.shape + (1,) * (g.dim() - 2)), g, zero)
+
+        dtp = gather(dt)  # (S, Lpad, Dm)
+        xp = dtp * gather(u)  # dt * u
         cpg = Dm // G
-        Bp = B.to(cd)[tok]  # (S, Lpad, G, N)
-        Cp = Cm.to(cd)[tok]
+        Bp = gather(B)  # (S, Lpad, G, N)
+        Cp = gather(Cm)
         Af = A.to(cd)  # (Dm, N)
         yp = torch.empty((S, Lpad, Dm), dtype=cd, device=dev)
         tri = torch.tril(torch.ones(Lc, Lc, dtype=torch.bool, device=dev))  # [t, s]: s <= t
         strict = torch.tril(torch.ones(Lc, Lc, dtype=torch.bool, device=dev), diagonal=-1)  # [r, s]: s < r
         for c in range(nchunks):
             sl = slice(c * Lc, (c + 1) * Lc)
-            dtc, xc = dtp[:, sl], xp[:, sl]  # (S, Lc, Dm)
+            xc = xp[:, sl]  # (S, Lc, Dm)
+            ac = torch.where(valid[:, sl, None, None], dtp[:, sl, :, None] * Af, zero)  # (S, Lc, Dm, N)
             Bd = Bp[:, sl].repeat_interleave(cpg, dim=2)  # (S, Lc, Dm, N)
             Cd = Cp[:, sl].repeat_interleave(cpg, dim=2)
-            cum = dtc.cumsum(1)  # (S, Lc, Dm)
-            # seg[t, s] = sum_{s < r <= t} dt_r, as a cumsum over r of the masked dt (dims: S, r|t, s, Dm)
-            seg = torch.where(strict[None, :, :, None], dtc[:, :, None, :], 0).cumsum(1)
-            decay = torch.where(tri[None, :, :, None, None], torch.exp(seg[..., None] * Af), 0)  # (S,t,s,Dm,N)
+            cum = ac.cumsum(1)  # (S, Lc, Dm, N)
+            # seg[t, s] = sum_{s < r <= t} a_r, as a cumsum over r of the masked a (dims: S, r|t, s, Dm, N)
+            seg = torch.where(strict[None, :, :, None, None], ac[:, :, None], zero).cumsum(1)
+            decay = torch.where(tri[None, :, :, None, None], torch.exp(seg), zero)  # (S, t, s, Dm, N)
             y_intra = ((Cd[:, :, None] * decay * Bd[:, None, :]).sum(-1) * xc[:, None, :, :]).sum(2)
-            y_inter = (Cd * torch.exp(cum[..., None] * Af) * h[:, None]).sum(-1)
+            y_inter = (Cd * torch.exp(cum) * h[:, None]).sum(-1)
             yp[:, sl] = y_intra + y_inter
-            tail = seg[:, -1]  # (S, Lc(s), Dm): sum_{s < r <= L-1} dt_r
-            h = torch.exp(cum[:, -1, :, None] * Af) * h + (torch.exp(tail[..., None] * Af) * xc[..., None] * Bd).sum(1)
+            tail = seg[:, -1]  # (S, Lc(s), Dm, N): sum_{s < r <= L-1} a_r
+            h = torch.exp(cum[:, -1]) * h + (torch.exp(tail) * xc[..., None] * Bd).sum(1)
     y = torch.zeros((T, Dm), dtype=cd, device=dev)
     if yp is not None and T > 0:
         y[tok[valid]] = yp[valid]

@@ -9,9 +9,13 @@ Chunked SSD formulation, device-agnostic, no per-token Python loop:
   "attention" (C B^T masked by the decay matrix), per-chunk states, the carried-state contribution;
 * state passing loops over the chunk position inside a sequence (at most max_k steps), vectorized
   over sequences;
-* exponents of segment sums are masked to the causal triangle and clamped with min(., 0) before exp,
-  so rounding never makes them positive (bug class 6). This assumes a decaying system (dt*A <= 0,
-  i.e. A <= 0 with dt >= 0), as in every Mamba-2 model.
+* segment sums sum_{j < r <= i} dt_r A are masked cumulative sums (no difference of prefix sums: exact
+  for any sign of dt*A and for dt*A = -inf), set to -inf above the diagonal before exp, so the masked
+  entries are exact zeros and never overflow (bug class 6); no exponent is clamped, so growing systems
+  (dt*A > 0, which the contract accepts) are exact too;
+* padding positions of the chunk grid read token 0 (any request's); they are replaced by zeros with
+  torch.where before any arithmetic, so a non-finite value in one request never reaches another's
+  output or state (0 * NaN would be NaN).
 
 Computes in float32 (float64 for float64 inputs).
 """
@@ -88,27 +92,36 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
         ar = torch.arange(Lc, device=dev)
         valid = ar[None, :] < ln[:, None]  # (nc, Lc)
         tok = torch.where(valid, st[:, None] + ar[None, :], torch.zeros_like(valid, dtype=torch.int64))
-        vm = valid.to(cd)
+        zero = torch.zeros((), dtype=cd, device=dev)
+
+        def gather(t):  # rows of `tok`, zeros (not another request's values) at padding positions
+            g = t.to(cd)[tok]
+            return torch.where(valid.reshape(valid.shape + (1,) * (g.dim() - 2)), g, zero)
 
         hpg = H // G
-        xs = x.to(cd)[tok]  # (nc, Lc, H, P)
-        dts = effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd)[tok] * vm[..., None]  # (nc, Lc, H)
-        Bs = B.to(cd)[tok]  # (nc, Lc, G, N)
-        Cs = C.to(cd)[tok]
-        dA = dts * A.to(cd)  # (nc, Lc, H); 0 on padding, so the cumsum is flat there
-        cum = torch.cumsum(dA, dim=1)  # (nc, Lc, H)
+        xs = gather(x)  # (nc, Lc, H, P)
+        dts = gather(effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd))  # (nc, Lc, H)
+        Bs = gather(B)  # (nc, Lc, G, N)
+        Cs = gather(C)
+        dA = torch.where(valid[..., None], dts * A.to(cd), zero)  # (nc, Lc, H); 0 on padding
+        cum = torch.cumsum(dA, dim=1)  # (nc, Lc, H): sum_{r <= i} dA_r
         last = cum.gather(1, (ln - 1)[:, None, None].expand(nc, 1, H)).squeeze(1)  # (nc, H)
 
-        # Intra-chunk: y_i = sum_{j <= i} (C_i . B_j) exp(cum_i - cum_j) dt_j x_j
+        # seg[c, h, i, j] = sum_{j < r <= i} dA_r for i >= j (a masked cumsum over r), -inf above the diagonal
+        a = dA.transpose(1, 2)  # (nc, H, Lc)
+        strict = torch.tril(torch.ones(Lc, Lc, dtype=torch.bool, device=dev), diagonal=-1)  # [r, j]: j < r
+        causal = torch.tril(torch.ones(Lc, Lc, dtype=torch.bool, device=dev))  # [i, j]: j <= i
+        seg = torch.where(strict, a[:, :, :, None], zero).cumsum(dim=2)
+        seg = torch.where(causal, seg, torch.full((), -math.inf, dtype=cd, device=dev))
+
+        # Intra-chunk: y_i = sum_{j <= i} (C_i . B_j) exp(seg[i, j]) dt_j x_j
         cb = torch.einsum("cign,cjgn->cgij", Cs, Bs).repeat_interleave(hpg, dim=1)  # (nc, H, Lc, Lc)
-        seg = cum.transpose(1, 2)[:, :, :, None] - cum.transpose(1, 2)[:, :, None, :]  # (nc, H, i, j)
-        causal = torch.tril(torch.ones(Lc, Lc, dtype=torch.bool, device=dev))
-        decay = torch.exp(torch.where(causal, seg.clamp(max=0.0), torch.full_like(seg, -math.inf)))
-        w = cb * decay * dts.transpose(1, 2)[:, :, None, :]  # (nc, H, i, j)
+        w = torch.where(causal, cb * torch.exp(seg) * dts.transpose(1, 2)[:, :, None, :], zero)  # (nc, H, i, j)
         yc = torch.einsum("chij,cjhp->cihp", w, xs)
 
-        # Per-chunk states: sum_j exp(last - cum_j) dt_j x_j (outer) B_j
-        to_end = torch.exp((last[:, None, :] - cum).clamp(max=0.0)) * dts  # (nc, Lc, H)
+        # Per-chunk states: sum_j exp(seg[last, j]) dt_j x_j (outer) B_j (seg[last, j] = -inf past the end)
+        to_end = seg.gather(2, (ln - 1)[:, None, None, None].expand(nc, H, 1, Lc)).squeeze(2)  # (nc, H, Lc)
+        to_end = torch.exp(to_end).transpose(1, 2) * dts  # (nc, Lc, H)
         Bh = Bs.repeat_interleave(hpg, dim=2)  # (nc, Lc, H, N)
         states = torch.einsum("cjh,cjhp,cjhn->chpn", to_end, xs, Bh)
 
@@ -128,7 +141,7 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
 
         # Carried-state contribution: y_i += exp(cum_i) C_i . prev
         Ch = Cs.repeat_interleave(hpg, dim=2)  # (nc, Lc, H, N)
-        yc = yc + torch.einsum("cihn,chpn->cihp", Ch, prev) * torch.exp(cum.clamp(max=0.0))[..., None]
+        yc = yc + torch.einsum("cihn,chpn->cihp", Ch, prev) * torch.exp(cum)[..., None]
 
         flat = tok[valid]
         y[flat] = yc[valid]

@@ -88,7 +88,7 @@ def chunk_front(c, offs_h, write_table, dt_ptr, bias_ptr, A_ptr, qsl_ptr, dt_out
     d = tl.minimum(tl.maximum(d, lo), hi)
     d = tl.where(m2, d, 0.0)
     A = tl.load(A_ptr + offs_h, mask=mh, other=0.0).to(CD)
-    dA = tl.cumsum(d * A[None, :], 0)
+    dA = tl.cumsum(tl.where(m2, d * A[None, :], 0.0), 0)  # (selected: 0 * A is NaN for A = -inf)
     o = offs_h[None, :].to(tl.int64) * stride_o_h + c.to(tl.int64) * stride_o_c + offs_l[:, None]
     # Positions past the chunk's length hold dt = 0 and the chunk's total dA, so that
     # dA_cs[h, c, cs - 1] is the chunk's decay exponent for every slot (0 for unused slots).

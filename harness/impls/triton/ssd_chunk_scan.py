@@ -3,7 +3,7 @@
 For token i of chunk c (head h, group g = h // (H // G)):
 
     y_i = exp(dA_cs[i]) * C_i . prev_states[c, h]                                  (carried state)
-        + sum_{j <= i in chunk} CB[c, g, i, j] * exp(min(dA_cs[i] - dA_cs[j], 0)) * dt[j] * x_j   (intra-chunk)
+        + sum_{j <= i in chunk} CB[c, g, i, j] * exp(dA_cs[i] - dA_cs[j]) * dt[j] * x_j   (intra-chunk)
         + D * x_i                                                                   (D (H,) or (H, P))
     y_i *= silu(z_i)                                                                (when z is given)
 
@@ -20,8 +20,11 @@ place as C_m . B_k^T from the program's C tile ([BLOCK_M, N], loaded once, kept 
 the B tile (one tensor-core dot: no CB round trip through memory and no bmm launch; the same fp32
 values). After the loop the carried state joins as one more dot, C_m . prev[c, h] over N (scaled per
 row by exp(dA_i)), then the D skip and the z gate. With 2 heads a program, the C tile and each CB tile
-serve both. The decay exponent is clamped at 0 before exp and the upper triangle selected away, so
-neither the masked entries nor rounding can overflow (bug class 6).
+serve both. The decay exponent is selected to the strict lower triangle (j < i) before exp, 0 on and
+above the diagonal, and the upper triangle selected away after it, so masked entries never overflow (bug
+class 6); it is never clamped, so dt * A > 0 (a growing system, which the contract accepts) is exact. A
+cumulative exponent of -inf (A = -inf: the state is wiped at every token) gives exp(-inf) = 0 below the
+diagonal and 1 on it, never -inf - (-inf).
 
 Addressing: chunk / head / token bases in int64 scalars (bug class 12); offsets inside a chunk tile
 in int32 when they provably fit (OFF64 otherwise).
@@ -57,7 +60,11 @@ def _intra_update(acc, s, dA_m, d_h, dA_ptr, dt_ptr, x_h, offs_m, offs_k, ok, op
     """acc + (s * exp(dA_m - dA_k) * dt_k, masked to j <= i and to the chunk) . x_k for one head."""
     dA_k = tl.load(dA_ptr + d_h + offs_k, mask=mk, other=0.0)
     dt_k = tl.load(dt_ptr + d_h + offs_k, mask=mk, other=0.0)
-    w = s * _exp(tl.minimum(dA_m[:, None] - dA_k[None, :], 0.0), FAST_EXP) * dt_k[None, :]
+    # exponent dA_i - dA_j selected before exp: j < i only (0 on the diagonal and above it), never clamped
+    # (dt * A > 0 is legitimate); a cumulative -inf (A = -inf) stays -inf without forming -inf - (-inf)
+    dA_k = tl.where(dA_k > float("-inf"), dA_k, 0.0)
+    seg = tl.where(offs_m[:, None] > offs_k[None, :], dA_m[:, None] - dA_k[None, :], 0.0)
+    w = s * _exp(seg, FAST_EXP) * dt_k[None, :]
     # (j <= i suffices: a source past the chunk's end has s = dt = 0 or a row past it, never stored)
     w = tl.where(offs_m[:, None] >= offs_k[None, :], w, 0.0)
     xk = tl.load(x_h + ok[:, None] * stride_x_t + op[None, :] * stride_x_p, mask=mk[:, None] & mp[None, :], other=0.0)
@@ -120,7 +127,7 @@ def _state_dot(C_c, prev_h, om, op, mm, mp, N, stride_c_t, stride_c_n, stride_pr
 def _finish(acc, st, dA_m, xm, Dv, zv, o_h, om, op, m2, stride_o_t, stride_o_p,
             CD: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, FAST_EXP: tl.constexpr):
     """Adds the carried state exp(dA_i) * (C_i . prev), the D skip, the z gate; stores."""
-    acc += st * tl.exp(tl.minimum(dA_m, 0.0))[:, None]
+    acc += st * tl.exp(dA_m)[:, None]
     if HAS_D:
         acc += xm.to(CD) * Dv[None, :]
     if HAS_Z:

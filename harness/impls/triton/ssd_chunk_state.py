@@ -1,13 +1,14 @@
 """SSD stage 2: the state each chunk adds on its own (as if it started from zero).
 
-states[c, h] = sum_{j in chunk c} exp(min(dA_cs[last] - dA_cs[j], 0)) * dt[j] * x[j, h, :] (outer) B[j, g(h), :]
+states[c, h] = sum_{j in chunk c} exp(dA_cs[last] - dA_cs[j]) * dt[j] * x[j, h, :] (outer) B[j, g(h), :]
 
 (P x N per head, compute dtype). One program per (chunk slot, HB heads of one group, block of P x N);
 unused chunk slots (length 0) write nothing. The HB heads are stacked as the rows of one dot,
 [HB * BLOCK_P, tokens] . [tokens, BLOCK_N] (rows (head, p) are adjacent in x and in states), so the B
 tile is read once for all of them; the per-token weight scales the x^T operand (fed from registers),
-the B tile goes to the tensor cores as loaded. The exponent is clamped at 0 so that rounding of the
-cumulative sums never makes it positive (bug class 6). Chunk / head bases in int64, in-tile offsets in
+the B tile goes to the tensor cores as loaded. The exponent is selected to 0 for the chunk's last
+token (exactly, also when the cumulative sum is -inf: A = -inf) and is never clamped, so dt * A > 0 (a
+growing system, which the contract accepts) is exact. Chunk / head bases in int64, in-tile offsets in
 int32 when they fit (OFF64 otherwise).
 
 With `front=...` (FRONT) the program first does ssd_chunk_cumsum's work for its chunk slot and heads
@@ -112,7 +113,11 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, dA_ptr, chunk_start_ptr, chunk_len
                         other=0.0)
             dA_k = tl.load(dA_ptr + d_base[:, None] + offs_k[None, :], mask=mk[None, :], other=0.0)  # [HB, BK]
             dt_k = tl.load(dt_ptr + d_base[:, None] + offs_k[None, :], mask=mk[None, :], other=0.0)
-            w = tl.where(mk[None, :], tl.exp(tl.minimum(last[:, None] - dA_k, 0.0)) * dt_k, 0.0)
+            # exponent last - dA_j selected before exp (0 for the last token and past it), never clamped;
+            # a cumulative -inf (A = -inf) gives -inf, not -inf - (-inf)
+            seg = tl.where(offs_k[None, :] < length - 1, last[:, None] - tl.where(dA_k > float("-inf"), dA_k, 0.0),
+                           0.0)
+            w = tl.where(mk[None, :], tl.exp(seg) * dt_k, 0.0)
             w = tl.reshape(tl.broadcast_to(w[:, None, :], (HB, BLOCK_P, BLOCK_K)), (HB * BLOCK_P, BLOCK_K))
             # the per-token weight scales the x^T operand (fed from registers); the B tile goes to the
             # tensor cores as loaded
