@@ -120,7 +120,7 @@ def comparison_key(r: dict) -> tuple:
 
 
 def timing_key(r: dict) -> tuple:
-    return (r.get("bench"), r.get("op"), r.get("impl"), r.get("dtype"), shape_key(r.get("shape")))
+    return (r.get("bench"), r.get("op"), r.get("impl"), r.get("dtype"), shape_key(r.get("shape")) + (" cuda_graph" if r.get("cuda_graph") else ""))
 
 
 def fmt_key(k: tuple) -> str:

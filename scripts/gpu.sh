@@ -5,22 +5,25 @@
 #
 #   --device   folder name (default: from the GPU's name, e.g. "NVIDIA H200" -> h200)
 #   --out      baseline folder (default reports/baselines/<device>)
-#   --logs     pytest/benchmark logs, raw script outputs, outcome files, built peer extensions
+#   --logs     pytest/benchmark logs, outcome files, sweep timings, built peer extensions
 #              (default reports/runs/gpu-<time>, git-ignored)
 #   --budget   seconds for the whole run (default 3600); each step gets at most what is left
-#   --steps    comma-separated subset of: env,suites,bench,throughput,peers (default all, in that order)
+#   --steps    comma-separated subset of: env,suites,bench,throughput,peers,sweep (default all but sweep, in
+#              that order)
 #   --workers  pytest-xdist workers for the suites (default 8)
 #
 # Steps and what each writes into the baseline folder:
 #   env         env.json: versions, GPU, clocks, peers found; each later step adds its exit code and seconds
 #   suites      pytest suites/ --device cuda --impl triton --impl torch               -> results.jsonl
-#   bench       harness bench --device cuda (ours and the peers' adapters), then ours next to the peers'
-#               own kernels: scripts/gpu_peer_cuda_bench.py (mamba_ssm's CUDA scan, causal-conv1d's CUDA
-#               kernels), scripts/gpu_ops_bench.py (mamba_ssm's Triton state update and gated norm),
-#               scripts/ssd_variants.py (mamba_ssm's Triton SSD), eager and CUDA graph -> bench.jsonl
-#   throughput  python -m harness.engine.throughput, falcon-mamba-7b and mamba-codestral-7b shapes,
+#   bench       harness bench --device cuda, once the peers' CUDA extensions are built: ours, the peers'
+#               adapters and the peers' own kernels (mamba_ssm's CUDA scan and Triton state update, SSD
+#               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
+#   throughput  harness bench throughput, falcon-mamba-7b and mamba-codestral-7b shapes,
 #               transformers alongside                                                  -> throughput.jsonl
 #   peers       op suites and the engine oracle with the peers' adapters               -> results-peers.jsonl
+#   sweep       (only when named) harness bench sweep for every op with launch-configuration candidates:
+#               the winners go to harness/impls/triton/configs/<device>/ (review, then commit them); the
+#               timings to <logs>/sweep.jsonl
 #
 # Peers come from the sdists in .peers/ (scripts/peers_setup.sh). Their CUDA extensions (selective_scan_cuda,
 # causal_conv1d_cuda) are compiled for sm_90 in the background from the start, forward only
@@ -37,7 +40,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
@@ -53,13 +56,14 @@ done
 case "$BUDGET" in ''|*[!0-9]*) echo "gpu.sh: --budget: expected whole seconds, got $BUDGET" >&2; exit 2 ;; esac
 case "$WORKERS" in ''|*[!0-9]*) echo "gpu.sh: --workers: expected a whole number, got $WORKERS" >&2; exit 2 ;; esac
 for s in ${STEPS//,/ }; do
-  case "$s" in env|suites|bench|throughput|peers) ;;
-    *) echo "gpu.sh: --steps: expected a subset of env,suites,bench,throughput,peers, got $s" >&2; exit 2 ;; esac
+  case "$s" in env|suites|bench|throughput|peers|sweep) ;;
+    *) echo "gpu.sh: --steps: expected a subset of env,suites,bench,throughput,peers,sweep, got $s" >&2; exit 2 ;; esac
 done
 if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu.sh: expected a CUDA device, got none (torch.cuda.is_available() is False)" >&2; exit 2
 fi
-[ -n "$DEVICE" ] || DEVICE=$(python3 -c "import torch; n = torch.cuda.get_device_name().lower().replace('nvidia', '').split(); print(n[0] if n else 'cuda')")
+# the folder name the kernels' launch configurations use too (harness/impls/triton/configs/<device>/)
+[ -n "$DEVICE" ] || DEVICE=$(python3 -c "import torch; from harness.impls.triton._common import device_folder; print(device_folder(torch.cuda.get_device_name()))")
 DIR=${DIR:-reports/baselines/$DEVICE}
 LOGS=${LOGS:-reports/runs/gpu-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$DIR" "$LOGS"
@@ -138,28 +142,14 @@ fi
 if want bench; then
   if [ "$(left)" -lt 60 ]; then log "bench: skipped (budget spent)"; else
     t=$(date +%s); rc=0
-    timeout "$(limit ${BENCH_S:-600})" python3 -m harness.cli bench --device cuda --reps 20 --warmup 3 --no-progress \
-      --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
-    log "bench: harness bench exit $rc"
-    place bench.jsonl
-    # the side-by-side scripts need the peers' compiled kernels: wait for the background builds
+    # the peers' own CUDA kernels are backends of the same run: wait for the background builds first
     w=$(limit ${BUILD_WAIT_S:-400})
     while [ "$w" -gt 0 ] && [ "$(ls /tmp/peers/ext/*.so 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; w=$(( w - 5 )); done
     log "bench: peer extensions: $(ls /tmp/peers/ext/*.so 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
-    for src in peer_cuda ops ssd; do
-      [ "$(left)" -lt 30 ] && { log "bench: $src skipped (budget spent)"; continue; }
-      raw="$LOGS/raw-$src.jsonl"; rm -f "$raw"
-      case $src in
-        peer_cuda) timeout "$(limit ${SIDE_S:-200})" python3 scripts/gpu_peer_cuda_bench.py "$raw" > "$LOGS/bench-$src.txt" 2>&1 ;;
-        ops) timeout "$(limit ${SIDE_S:-200})" python3 scripts/gpu_ops_bench.py "$LOGS" > "$LOGS/bench-$src.txt" 2>&1
-             [ -f "$LOGS/ops-bench.jsonl" ] && mv "$LOGS/ops-bench.jsonl" "$raw" ;;
-        ssd) timeout "$(limit ${SIDE_S:-200})" python3 scripts/ssd_variants.py "$raw" > "$LOGS/bench-$src.txt" 2>&1 ;;
-      esac
-      r=$?; [ "$r" -ne 0 ] && rc=$r
-      [ -s "$raw" ] && python3 scripts/bench_records.py "$src" "$raw" "$LOGS/bench.jsonl" >> "$LOG" 2>&1
-      log "bench: $src exit $r"
-      place bench.jsonl
-    done
+    timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
+      --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
+    log "bench: harness bench exit $rc"
+    place bench.jsonl
     note bench $rc $(( $(date +%s) - t ))
     mkdir -p "$LOGS/ext"
     for so in /tmp/peers/ext/*.so; do [ -e "$so" ] && gzip -c "$so" > "$LOGS/ext/$(basename "$so").gz"; done
@@ -171,7 +161,7 @@ if want throughput; then
     t=$(date +%s); rc=0
     for preset in falcon-mamba-7b mamba-codestral-7b; do
       [ "$(left)" -lt 40 ] && { log "throughput: $preset skipped (budget spent)"; continue; }
-      timeout "$(limit ${TP_S:-300})" python3 -m harness.engine.throughput --device cuda --preset "$preset" --impl triton \
+      timeout "$(limit ${TP_S:-300})" python3 -m harness.cli bench throughput --device cuda --preset "$preset" --impl triton \
         --prefill 4096 --decode-batch 64 --reps 3 --warmup 1 --hf-new-tokens 4 --out "$LOGS/throughput.jsonl" \
         >> "$LOGS/throughput.txt" 2>&1 || rc=$?
       log "throughput: $preset exit $rc"
@@ -191,6 +181,17 @@ if want peers; then
       --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
     rc=$?; place results-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
     log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
+  fi
+fi
+
+if want sweep; then
+  if [ "$(left)" -lt 60 ]; then log "sweep: skipped (budget spent)"; else
+    t=$(date +%s)
+    timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
+      --op selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen \
+      --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$LOGS/sweep.jsonl" > "$LOGS/sweep.txt" 2>&1
+    rc=$?; note sweep $rc $(( $(date +%s) - t ))
+    log "sweep: exit $rc; configs: $(git status --short harness/impls/triton/configs | tr '\n' ' ')"
   fi
 fi
 

@@ -13,7 +13,8 @@ Three decorators:
 * `@register_metric(name)` on `fn(case, ms_p50, ctx) -> float | None`: a column of every timing
   record (tok_s, gb_s, pct_copy_bw are registered this way in harness.bench.metrics).
 
-Byte counts (for GB/s) live in harness.bench.bytes, one function per op.
+Byte counts (for GB/s) live in harness.bench.bytes, one function per op. The peers' own kernels are
+decorated backends too (harness.bench.peers, `<peer>.native`).
 """
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ def benchmarks_for(device: str, impls: list | None = None, ops: list | None = No
     Returns (benchmarks, skipped) where `skipped` are human-readable reasons.
     `impls`: restrict to these implementation names; `ops`: restrict to these ops.
     """
-    from harness.bench import ops as _  # noqa: F401 - registers the built-in inputs and backends
+    from harness.bench import ops as _, peers as _p  # noqa: F401 - registers the built-in inputs and backends
     from harness.impls.registry import all_impls
 
     out: dict[str, Benchmark] = {}
@@ -169,6 +170,7 @@ def benchmarks_for(device: str, impls: list | None = None, ops: list | None = No
         if impls and b.impl not in impls:
             continue
         if not b.runs_on(device):
+            skipped.append(f"{bid}: runs on {', '.join(b.devices)} only")
             continue
         why = b.available()
         if why:
@@ -178,3 +180,31 @@ def benchmarks_for(device: str, impls: list | None = None, ops: list | None = No
     res = [b for b in out.values() if (not ops or b.op in ops) and (b.op in OP_INPUTS)]
     res.sort(key=lambda b: (list(OP_INPUTS).index(b.op), b.peer, b.impl))
     return res, skipped
+
+
+class UnknownName(ValueError):
+    """A filter named an op or implementation that does not exist (a usage error: exit 4)."""
+
+
+def known_names() -> tuple[list[str], list[str]]:
+    """(op names, implementation names) the benchmarks know: every declared input set, every registered
+    implementation and every decorated backend."""
+    from harness.bench import ops as _, peers as _p  # noqa: F401
+    from harness.impls.registry import all_impls
+    return list(OP_INPUTS), sorted(set(all_impls()) | {b.impl for b in BENCHMARKS.values()})
+
+
+def split_names(values) -> list[str] | None:
+    """Repeatable, comma-separated CLI values -> a list of names (None when none was given)."""
+    if not values:
+        return None
+    out = [v.strip() for item in values for v in str(item).split(",") if v.strip()]
+    return out or None
+
+
+def check_names(option: str, names: list[str] | None, valid: list[str]) -> list[str] | None:
+    """`names` if each is in `valid`, else UnknownName listing the valid names."""
+    bad = [n for n in names or () if n not in valid]
+    if bad:
+        raise UnknownName(f"{option}: expected names from {', '.join(valid)}; got unknown {', '.join(bad)}")
+    return names

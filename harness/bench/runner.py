@@ -1,10 +1,14 @@
 """Run the benchmark matrix: cases from the declarations, timed per device, records appended to JSONL.
 
 Order: the copy roofline first (its GB/s is the 100% of `pct_copy_bw`), then every (backend, shape,
-dtype). Each case builds `rotation_count` input sets (so together they exceed twice the cache), calls
-the backend once with the op's index checks on (that call also validates the inputs), then times it
+dtype). Each case builds `rotation_count` input sets (on the CPU, so together they exceed twice the
+cache; one on GPUs, where the timer flushes the L2 cache), calls the backend once with the op's index
+checks on (that call also validates the inputs), then times it with `harness.bench.timing.measure`
 inside `harness.ops.no_index_checks()` (host-side checks would synchronise, and peers don't do them).
-A case that raises is recorded with its error (and no numbers) so the gate reports it; the run goes on.
+On CUDA every case is timed eager and as CUDA-graph replays: two records (cuda_graph false / true), each
+carrying both p50s and the host overhead; a call that cannot be captured has only the eager record,
+with `graph_error`. A case that raises is recorded with its error (and no numbers) so the gate reports
+it; the run goes on.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 from harness.bench import metrics as _metrics  # noqa: F401 - registers the built-in metrics
 from harness.bench.bytes import op_bytes
 from harness.bench.registry import METRICS, OP_INPUTS, Benchmark, benchmarks_for
-from harness.bench.timing import rotation_count, summarize, synchronize, time_calls
+from harness.bench.timing import Budget, measure, rotation_count, synchronize
 
 
 @dataclass
@@ -133,9 +137,8 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, leave=False)
 
 
-def measure_case(case: Case, *, reps: int, warmup: int, seed: int = 0, rotate: int | None = None) -> dict:
-    """Time one case; returns the timing record's fields (without the writer's header)."""
-    from harness.ops import no_index_checks
+def case_inputs(case: Case, seed: int = 0, rotate: int | None = None) -> tuple[list[dict], list]:
+    """The case's input sets and one backend callable per set (sets `case.bytes`)."""
     spec = OP_INPUTS[case.op]
     device = case.device
     gen = torch.Generator(device=device if device.split(":")[0] in ("cuda", "xpu") else "cpu")
@@ -144,22 +147,36 @@ def measure_case(case: Case, *, reps: int, warmup: int, seed: int = 0, rotate: i
     case.bytes = op_bytes(case.op, first)
     n_sets = rotate or rotation_count(case.bytes, device)
     sets = [first] + [spec.make(case.shape, case.dtype, device, gen) for _ in range(n_sets - 1)]
-    fns = [case.bench.fn(s) for s in sets]
+    return sets, [case.bench.fn(s) for s in sets]
+
+
+def measure_case(case: Case, budget: Budget, *, seed: int = 0, rotate: int | None = None):
+    """Time one case (eager, and CUDA graph when `case.cuda_graph`); returns (Timing, number of input sets)."""
+    from harness.ops import no_index_checks
+    sets, fns = case_inputs(case, seed, rotate)
     fns[0]()  # checked call: validates the inputs, compiles, fails loudly
-    synchronize(device)
+    synchronize(case.device)
     with no_index_checks():
-        ms = time_calls(fns, device, warmup=warmup, reps=reps, cuda_graph=case.cuda_graph)
-    st = summarize(ms)
-    return {"ms_p20": st.ms_p20, "ms_p50": st.ms_p50, "ms_p80": st.ms_p80, "reps": st.n, "input_sets": n_sets}
+        t = measure(fns, case.device, budget, graph=case.cuda_graph)
+    return t, len(sets)
 
 
-def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, dtypes=None, reps: int = 20,
-                   warmup: int = 3, cuda_graph: bool = False, progress: bool = True, seed: int = 0,
+def _metrics(case: Case, fields: dict, ctx: dict) -> None:
+    for name, m in METRICS.items():
+        fields[name] = m.fn(case, fields["ms_p50"], ctx)
+
+
+def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, dtypes=None,
+                   budget: Budget | None = None, cuda_graph: bool | None = None, progress: bool = True, seed: int = 0,
                    include_interpreted: bool = False, max_tokens: int | None = None, run_id: str | None = None,
-                   log=print) -> list[dict]:
-    """Run every case; append records to `out_path` (env first); return the timing records."""
+                   log=print, env_extra: dict | None = None) -> list[dict]:
+    """Run every case; append records to `out_path` (env first); return the timing records.
+    `cuda_graph`: also time CUDA-graph replays (default: on CUDA devices)."""
     from harness.env import environment
     from harness.records import RecordWriter
+    budget = budget or Budget()
+    if cuda_graph is None:
+        cuda_graph = device.startswith("cuda")
     cases, skipped = build_cases(device, impls=impls, ops=ops, dtypes=dtypes, cuda_graph=cuda_graph,
                                  include_interpreted=include_interpreted, max_tokens=max_tokens)
     for s in skipped:
@@ -171,8 +188,10 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
     if writer:
         env = environment(device)
         env["clocks"] = clocks(device)
-        writer.write("env", env=env, bench=dict(reps=reps, warmup=warmup, cuda_graph=cuda_graph, seed=seed,
-                                                 cases=len(cases)))
+        writer.write("env", env=env, bench=dict(min_reps=budget.min_reps, min_time=budget.min_time,
+                                                 max_time=budget.max_time, warmup=budget.warmup,
+                                                 cuda_graph=cuda_graph, seed=seed, cases=len(cases),
+                                                 **(env_extra or {})))
     ctx: dict = {}
     records = []
     bar = _progress(len(cases), progress)
@@ -180,26 +199,31 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
         for case in cases:
             if bar is not None:
                 bar.set_description(case.id[:60])
-            fields = dict(bench=case.bench.id, op=case.op, impl=case.impl, device=device, dtype=case.dtype_name,
-                          shape=case.shape, tokens=case.tokens, peer=case.bench.peer, cuda_graph=case.cuda_graph,
-                          level=OP_INPUTS[case.op].level)
+            base = dict(bench=case.bench.id, op=case.op, impl=case.impl, device=device, dtype=case.dtype_name,
+                        shape=case.shape, tokens=case.tokens, peer=case.bench.peer, cuda_graph=False,
+                        level=OP_INPUTS[case.op].level)
+            rows = []
             try:
-                t = measure_case(case, reps=reps, warmup=warmup, seed=seed)
+                t, n_sets = measure_case(case, budget, seed=seed)
             except Exception as e:  # noqa: BLE001 - a broken backend is reported, the run goes on
-                fields.update(ms_p20=None, ms_p50=None, ms_p80=None, tok_s=None, bytes=case.bytes, gb_s=None,
+                fields = dict(base, ms_p20=None, ms_p50=None, ms_p80=None, tok_s=None, bytes=case.bytes, gb_s=None,
                               pct_copy_bw=None, error=f"{type(e).__name__}: {str(e)[:500]}")
                 log(f"harness bench: {case.id}: {fields['error']}")
+                rows.append(fields)
             else:
-                fields.update(t)
-                fields["bytes"] = case.bytes
-                for name, m in METRICS.items():
-                    fields[name] = m.fn(case, t["ms_p50"], ctx)
-                if case.op == "copy" and fields.get("gb_s"):
-                    ctx["copy_gb_s"] = max(ctx.get("copy_gb_s", 0.0), fields["gb_s"])
-                    fields["pct_copy_bw"] = 100.0 * fields["gb_s"] / ctx["copy_gb_s"]
-            if writer:
-                writer.write("timing", **fields)
-            records.append(fields)
+                for graph in ((False, True) if t.graph is not None else (False,)):
+                    fields = dict(base, **t.fields(graph), input_sets=n_sets, bytes=case.bytes)
+                    _metrics(case, fields, ctx)
+                    if case.op == "copy" and fields.get("gb_s"):
+                        ctx["copy_gb_s"] = max(ctx.get("copy_gb_s", 0.0), fields["gb_s"])
+                        fields["pct_copy_bw"] = 100.0 * fields["gb_s"] / ctx["copy_gb_s"]
+                    rows.append(fields)
+                if t.graph_error:
+                    log(f"harness bench: {case.id}: no CUDA-graph timing ({t.graph_error[:200]})")
+            for fields in rows:
+                if writer:
+                    writer.write("timing", **fields)
+                records.append(fields)
             if bar is not None:
                 bar.update(1)
             if device.startswith("cuda"):
@@ -211,21 +235,24 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
 
 
 def format_table(records: list[dict]) -> str:
-    """A terminal table, peers side by side (sorted by op, dtype, shape, then implementation)."""
+    """A terminal table, one row per case, peers side by side (sorted by op, dtype, shape, then
+    implementation): eager p50 with its p20-p80, the CUDA-graph p50 and the host overhead where timed."""
     def f(v, spec):
         return "-" if v is None else format(v, spec)
-    rows = sorted(records, key=lambda r: (r["op"] != "copy", r["op"], r["dtype"], r.get("tokens") or 0,
-                                          str(r["shape"]), r["peer"], r["impl"]))
-    head = f"{'op':24s} {'impl':14s} {'dtype':9s} {'shape':42s} {'ms p50':>9s} {'[p20-p80]':>19s} " \
-           f"{'tok/s':>10s} {'GB/s':>8s} {'%copy':>6s}"
+    rows = [r for r in records if not r.get("cuda_graph")]
+    rows.sort(key=lambda r: (r["op"] != "copy", r["op"], r["dtype"], r.get("tokens") or 0, str(r["shape"]),
+                             r["peer"], r["impl"]))
+    head = f"{'op':24s} {'impl':20s} {'dtype':9s} {'shape':40s} {'ms p50':>9s} {'[p20-p80]':>19s} " \
+           f"{'graph':>9s} {'host':>8s} {'tok/s':>10s} {'GB/s':>8s} {'%copy':>6s}"
     lines = [head, "-" * len(head)]
     for r in rows:
         shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
         spread = f"[{f(r['ms_p20'], '.4g')}-{f(r['ms_p80'], '.4g')}]" if r.get("ms_p20") is not None else "-"
         impl = r["impl"] + ("*" if r["peer"] else "")
         err = f"  ERROR {r['error'][:60]}" if r.get("error") else ""
-        lines.append(f"{r['op'][:24]:24s} {impl[:14]:14s} {r['dtype'][:9]:9s} {shape[:42]:42s} "
-                     f"{f(r.get('ms_p50'), '.4g'):>9s} {spread:>19s} {f(r.get('tok_s'), '.4g'):>10s} "
+        lines.append(f"{r['op'][:24]:24s} {impl[:20]:20s} {r['dtype'][:9]:9s} {shape[:40]:40s} "
+                     f"{f(r.get('ms_p50'), '.4g'):>9s} {spread:>19s} {f(r.get('graph_ms_p50'), '.4g'):>9s} "
+                     f"{f(r.get('host_ms'), '.3g'):>8s} {f(r.get('tok_s'), '.4g'):>10s} "
                      f"{f(r.get('gb_s'), '.4g'):>8s} {f(r.get('pct_copy_bw'), '.3g'):>6s}{err}")
-    lines.append("(* = peer implementation)")
+    lines.append("(* = peer implementation; graph = CUDA-graph replay p50, host = eager - graph, ms)")
     return "\n".join(lines)

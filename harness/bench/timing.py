@@ -1,17 +1,29 @@
-"""Timing per device, done right.
+"""The one timing module of `harness bench`: op benchmarks, peers, launch-configuration sweeps, model
+throughput and the loader benchmark all time through `measure` (or `wall_samples` for one-shot loads).
 
-* CUDA / XPU: device events around each call (`torch.cuda.Event` / `torch.xpu.Event`), the device
-  synchronised once after all reps; optional CUDA-graph replay (one graph per input set).
-* CPU: `time.perf_counter_ns` around each call.
-* Warm-up calls first (compilation, autotuning, allocator), then `reps` timed calls cycling through
-  several input sets (`rotate`), so a later call never finds its inputs in the cache the previous
-  call warmed. On CUDA with a single input set the L2 is flushed between reps (a write of a buffer
-  larger than L2, outside the timed region).
-* Result: per-call milliseconds; `summarize` gives p20/p50/p80.
+* CUDA / XPU, eager: `triton.testing.do_bench` (device events around each call, the L2 cache flushed
+  before each one, warm-up by time), its raw samples kept (`return_mode="all"`) so that every record has
+  p20/p50/p80 and a sample count; when one pass gives fewer than `Budget.min_reps` samples (a slow
+  call) further passes sized from the first one's median make up the rest, within `Budget.max_time`.
+* CUDA, CUDA graph: `triton.testing.do_bench_cudagraph` (the call captured `rep / estimate` times in one
+  graph, replayed 10 times; each sample is the mean per call of one replay), repeated until
+  `Budget.min_reps` samples. It does not flush the L2 cache between the calls of a replay, so for an op
+  whose inputs fit in L2 the graph figure also gains from a warm cache; for the benchmark shapes (inputs
+  of tens of MB and more, against 50-60 MB of L2) the difference is small.
+  The host overhead of a call is eager p50 - graph p50.
+* CPU: `time.perf_counter_ns` around each call, cycling through the input sets (so a call does not find
+  its inputs in the cache the previous call warmed), until both `Budget.min_reps` samples and
+  `Budget.min_time` seconds are reached (or `Budget.max_time` is spent): a time budget per case, so that
+  fast calls get hundreds of samples and two runs of one commit agree.
+
+Why triton.testing rather than our own event loop on GPUs: it is what the peers' and Triton's own
+benchmarks use, it handles the cache flush and warm-up by time, and its figures are comparable with the
+numbers the peers publish.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -57,6 +69,15 @@ def synchronize(device: str) -> None:
         torch.xpu.synchronize(device)
 
 
+def synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
+    """`fn` followed by a device synchronisation (for wall-clock timers such as pytest-benchmark)."""
+    def call():
+        r = fn()
+        synchronize(device)
+        return r
+    return call
+
+
 def l2_bytes(device: str) -> int:
     kind = device_kind(device)
     try:
@@ -69,81 +90,141 @@ def l2_bytes(device: str) -> int:
     return 32 << 20  # a generous last-level cache for CPUs
 
 
-def rotation_count(bytes_per_set: int | None, device: str, max_sets: int | None = None, mem_cap: int = 2 << 30) -> int:
-    """How many input sets make the sets together exceed twice the cache (bounded: 8 on GPUs, 2 on CPUs)."""
-    if max_sets is None:
-        max_sets = 2 if device_kind(device) == "cpu" else 8
+def rotation_count(bytes_per_set: int | None, device: str, max_sets: int = 2, mem_cap: int = 2 << 30) -> int:
+    """Input sets to cycle through on the CPU, so that together they exceed twice the cache (at most
+    `max_sets`). One on GPUs: do_bench flushes the L2 cache before every timed call."""
+    if device_kind(device) != "cpu":
+        return 1
     if not bytes_per_set:
-        return min(2, max_sets)
+        return max_sets
     want = math.ceil(2 * l2_bytes(device) / bytes_per_set)
     cap = max(1, mem_cap // bytes_per_set)
     return int(max(1, min(max_sets, want, cap)))
 
 
-def _event_cls(device: str):
-    return torch.cuda.Event if device_kind(device) == "cuda" else torch.xpu.Event
+@dataclass(frozen=True)
+class Budget:
+    """How long one case is timed. `min_reps`: samples wanted; `min_time` (s): least timed time on the CPU;
+    `max_time` (s): stop adding samples after this; `warmup`: untimed calls first on the CPU (GPUs warm
+    up for `warmup_ms`); `rep_ms`: do_bench's timed window per pass on GPUs."""
+    min_reps: int = 20
+    min_time: float = 0.25
+    max_time: float = 10.0
+    warmup: int = 1
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+
+    def __post_init__(self):
+        from reference.validate import fail
+        if not (isinstance(self.min_reps, int) and self.min_reps >= 1):
+            fail("reps", "an int >= 1", self.min_reps)
+        if not (self.min_time >= 0 and self.max_time > 0):
+            fail("min_time/max_time", "min_time >= 0 and max_time > 0", f"{self.min_time}/{self.max_time}")
+        if not (isinstance(self.warmup, int) and self.warmup >= 0):
+            fail("warmup", "an int >= 0", self.warmup)
 
 
-def time_calls(fns: Sequence[Callable[[], object]], device: str, *, warmup: int = 3, reps: int = 20,
-               cuda_graph: bool = False, flush: bool | None = None) -> list[float]:
-    """Per-call milliseconds of `reps` calls cycling through `fns` (one closure per input set)."""
-    if not fns:
-        raise ValueError("fns: expected at least one callable, got none")
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"reps/warmup: expected reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
-    kind = device_kind(device)
-    for i in range(warmup):
-        fns[i % len(fns)]()
-    synchronize(device)
-    if kind == "cpu":
-        out = []
-        for i in range(reps):
-            t0 = time.perf_counter_ns()
-            fns[i % len(fns)]()
-            out.append((time.perf_counter_ns() - t0) / 1e6)
+@dataclass
+class Timing:
+    """One case's figures: eager always; CUDA graph where it was asked for and the call could be captured."""
+    eager: Stats
+    graph: Stats | None = None
+    graph_error: str | None = None
+    timer: str = "perf_counter"
+
+    def fields(self, graph: bool = False) -> dict:
+        """The timing record's fields with the eager (graph=False) or CUDA-graph figures as the primary
+        ms_p20/ms_p50/ms_p80; both p50s and the host overhead (eager - graph) in every record."""
+        st = self.graph if graph else self.eager
+        if st is None:
+            raise ValueError("graph: expected a CUDA-graph timing, got none (not asked for, or capture failed)")
+        out = dict(ms_p20=st.ms_p20, ms_p50=st.ms_p50, ms_p80=st.ms_p80, reps=st.n, cuda_graph=graph,
+                   eager_ms_p50=self.eager.ms_p50,
+                   timer=("do_bench_cudagraph" if graph else self.timer))
+        if self.graph is not None:
+            out.update(graph_ms_p50=self.graph.ms_p50, host_ms=self.eager.ms_p50 - self.graph.ms_p50)
+        if self.graph_error:
+            out["graph_error"] = self.graph_error
         return out
 
-    calls = list(fns)
-    if cuda_graph:
-        if kind != "cuda":
-            raise ValueError(f"cuda_graph: expected a CUDA device, got {device}")
-        calls = [_capture(fn, device) for fn in fns]
-        for c in calls:
-            c()
+
+def cpu_samples(fns: Sequence[Callable[[], object]], budget: Budget) -> list[float]:
+    """Per-call milliseconds on the CPU, cycling through `fns`, until `budget` is met."""
+    for i in range(budget.warmup):
+        fns[i % len(fns)]()
+    out: list[float] = []
+    t_start = time.perf_counter()
+    i = 0
+    while True:
+        t0 = time.perf_counter_ns()
+        fns[i % len(fns)]()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+        i += 1
+        spent = time.perf_counter() - t_start
+        if (len(out) >= budget.min_reps and spent >= budget.min_time) or spent >= budget.max_time:
+            return out
+
+
+def gpu_samples(fn: Callable[[], object], budget: Budget) -> list[float]:
+    """Per-call milliseconds from triton.testing.do_bench (see the module docstring)."""
+    from triton.testing import do_bench
+    t0 = time.perf_counter()
+    ms = list(do_bench(fn, warmup=budget.warmup_ms, rep=budget.rep_ms, return_mode="all"))
+    while len(ms) < budget.min_reps and time.perf_counter() - t0 < budget.max_time:
+        need = budget.min_reps - len(ms)
+        ms += do_bench(fn, warmup=0, rep=max(need * statistics.median(ms), 1e-3), return_mode="all")
+    return ms
+
+
+def graph_samples(fn: Callable[[], object], budget: Budget) -> list[float]:
+    """Per-call milliseconds of CUDA-graph replays from triton.testing.do_bench_cudagraph."""
+    from triton.testing import do_bench_cudagraph
+    t0 = time.perf_counter()
+    ms: list[float] = []
+    while not ms or (len(ms) < budget.min_reps and time.perf_counter() - t0 < budget.max_time):
+        ms += do_bench_cudagraph(fn, rep=budget.rep_ms, return_mode="all")
+    return ms
+
+
+def measure(fns: Sequence[Callable[[], object]] | Callable[[], object], device: str, budget: Budget | None = None,
+            *, graph: bool = False) -> Timing:
+    """Time zero-argument calls on `device`: eager always, CUDA-graph replays too when `graph` (CUDA only).
+    `fns`: one callable or one per input set (the CPU cycles through them; GPUs use the first). A call
+    that cannot be captured keeps its eager figures and says why in `graph_error`."""
+    fns = [fns] if callable(fns) else list(fns)
+    if not fns:
+        raise ValueError("fns: expected at least one callable, got none")
+    budget = budget or Budget()
+    kind = device_kind(device)
+    if graph and kind != "cuda":
+        raise ValueError(f"graph: expected a CUDA device for CUDA-graph timing, got {device}")
+    if kind == "cpu":
+        return Timing(eager=summarize(cpu_samples(fns, budget)), timer="perf_counter")
+    eager = summarize(gpu_samples(fns[0], budget))
+    t = Timing(eager=eager, timer="do_bench")
+    if graph:
+        try:
+            t.graph = summarize(graph_samples(fns[0], budget))
+        except Exception as e:  # noqa: BLE001 - a call that cannot be captured still has its eager figure
+            t.graph_error = f"{type(e).__name__}: {str(e)[:300]}"
+            try:
+                synchronize(device)
+            except Exception:  # noqa: BLE001 - the failed capture's error is the one reported
+                pass
+    return t
+
+
+def wall_samples(fn: Callable[[], object], device: str, reps: int = 1) -> list[float]:
+    """Wall-clock milliseconds of `reps` one-shot calls (each synchronised), for work that is timed whole
+    (a checkpoint load): no warm-up, no cycling."""
+    if not (isinstance(reps, int) and reps >= 1):
+        from reference.validate import fail
+        fail("reps", "an int >= 1", reps)
+    out = []
+    for _ in range(reps):
         synchronize(device)
-    if flush is None:
-        flush = len(fns) == 1
-    scratch = torch.empty(2 * l2_bytes(device), dtype=torch.uint8, device=device) if flush else None
-    Event = _event_cls(device)
-    starts = [Event(enable_timing=True) for _ in range(reps)]
-    ends = [Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if scratch is not None:
-            scratch.zero_()
-        starts[i].record()
-        calls[i % len(calls)]()
-        ends[i].record()
-    synchronize(device)
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
-
-
-def _capture(fn: Callable[[], object], device: str) -> Callable[[], None]:
-    s = torch.cuda.Stream(device=device)
-    s.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+        t0 = time.perf_counter()
         fn()
-    return g.replay
-
-
-def synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
-    """`fn` followed by a device synchronisation (for wall-clock timers such as pytest-benchmark)."""
-    def call():
-        r = fn()
         synchronize(device)
-        return r
-    return call
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out

@@ -87,16 +87,119 @@ def dummy(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def launch_config(module: str, defaults: dict) -> dict:
-    """A kernel module's launch parameters: `defaults`, updated from the JSON file named by
-    HARNESS_TRITON_CONFIG (an object keyed by module name, e.g. {"conv1d": {"bt": 64}}), if set.
-    scripts/gpu_ops_bench.py --sweep writes such a file with the best configs it measured."""
+# Launch configurations as data: configs/<device>/<module>.json, one file per device kind and kernel module,
+# an object keyed by shape class ("default" where a module has one set) -> {parameter: value}.
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+# (module, shape class) -> the defaults written in the module, as `launch_config` received them
+DEFAULTS: dict = {}
+_VENDOR_WORDS = ("nvidia", "amd", "intel(r)", "intel", "geforce", "tesla", "quadro", "radeon", "data", "center",
+                 "gpu", "max")
+
+
+def device_folder(name: str) -> str:
+    """A device's model name -> its folder under configs/ (and reports/baselines/): the first word that is not
+    a vendor or product-line word, lower case, e.g. "NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" -> "h100"."""
+    words = [w for w in name.lower().replace("-", " ").replace("_", " ").split() if w not in _VENDOR_WORDS]
+    word = "".join(c for c in (words[0] if words else "") if c.isalnum())
+    return word or "gpu"
+
+
+def _gpu_model() -> str | None:
+    """The model name of the machine's first GPU. The NVIDIA driver's /proc files come first: reading them
+    initialises no CUDA context at import time (all GPUs of a host are taken to be alike)."""
+    import glob
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            with open(info) as f:
+                for line in f:
+                    if line.startswith("Model:"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu.get_device_name(0)
+    return None
+
+
+def device_config_name() -> str | None:
+    """The configs/ folder of this machine: HARNESS_TRITON_DEVICE if set (e.g. "h200"), else from the GPU's
+    model name (`device_folder`); None under the interpreter or without a GPU (the modules' defaults hold)."""
+    name = os.environ.get("HARNESS_TRITON_DEVICE")
+    if name:
+        return name
+    if interpreting():
+        return None
+    model = _gpu_model()
+    return device_folder(model) if model else None
+
+
+def read_config_file(path: str, *, override: bool = False) -> dict:
+    """A config file's object, checked for shape: {shape class: {parameter: value}} for a device file,
+    {module: {shape class: {parameter: value}}} for the HARNESS_TRITON_CONFIG override."""
     import json
-    cfg = dict(defaults)
-    path = os.environ.get("HARNESS_TRITON_CONFIG")
-    if path and os.path.exists(path):
+    from reference.validate import fail
+    what = "HARNESS_TRITON_CONFIG" if override else "launch config file"
+    layout = "{module: {shape class: {parameter: value}}}" if override else "{shape class: {parameter: value}}"
+    if not os.path.isfile(path):
+        fail(f"{what} {path}", "an existing JSON file", "no such file")
+    try:
         with open(path) as f:
-            cfg.update(json.load(f).get(module, {}))
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{what} {path}", f"a JSON object {layout}", f"unreadable JSON ({e})")
+    levels = 2 if override else 1
+    bad = None
+    if not isinstance(data, dict):
+        bad = type(data).__name__
+    else:
+        for k, v in data.items():
+            if not isinstance(v, dict) or (levels == 2 and not all(isinstance(x, dict) for x in v.values())):
+                bad = f"{k!r}: {json.dumps(v)[:80]}"
+                break
+    if bad is not None:
+        fail(f"{what} {path}", f"a JSON object {layout}", bad)
+    return data
+
+
+def _merge(cfg: dict, values: dict, where: str) -> None:
+    from reference.validate import fail
+    for k, v in values.items():
+        if k not in cfg:
+            fail(f"{where}: {k!r}", f"a launch parameter of the module ({sorted(cfg)})", "an unknown name")
+        if isinstance(cfg[k], dict):
+            if not isinstance(v, dict):
+                fail(f"{where}: {k!r}", "an object of parameters", repr(v))
+            cfg[k] = {**cfg[k], **v}
+        elif v is not None and not isinstance(v, (bool, int, float, str)):
+            fail(f"{where}: {k!r}", "a number, a boolean, a string or null", repr(v))
+        else:
+            cfg[k] = v
+
+
+def launch_config(module: str, defaults: dict, shape_class: str = "default") -> dict:
+    """A kernel module's launch parameters for one shape class: `defaults` (the values written in the
+    module), updated from configs/<device>/<module>.json for this machine's device kind
+    (`device_config_name`) where that file has the class, then from the JSON file named by
+    HARNESS_TRITON_CONFIG ({module: {shape class: {parameter: value}}}), which wins. Parameters whose
+    default is an object (ssd's per-stage tunables) merge one level deep. A file that is not such an object,
+    or names a parameter the module does not have, raises ValueError naming the file."""
+    import copy
+    DEFAULTS[(module, shape_class)] = copy.deepcopy(defaults)
+    cfg = copy.deepcopy(defaults)
+    device = device_config_name()
+    if device:
+        path = os.path.join(CONFIG_DIR, device, f"{module}.json")
+        if os.path.exists(path):
+            data = read_config_file(path)
+            if shape_class in data:
+                _merge(cfg, data[shape_class], f"{path} [{shape_class}]")
+    path = os.environ.get("HARNESS_TRITON_CONFIG")
+    if path:
+        data = read_config_file(path, override=True)
+        if shape_class in data.get(module, {}):
+            _merge(cfg, data[module][shape_class], f"HARNESS_TRITON_CONFIG {path} {module} [{shape_class}]")
     return cfg
 
 

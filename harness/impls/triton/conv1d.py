@@ -32,7 +32,8 @@ from harness.impls.triton._common import (launch_config, cdiv, device_guard, int
 # 4 = 8-byte bf16 vectors), `stages` chunks in flight; a program walks at most `chunks` chunks, fewer
 # when that would leave fewer than `progs` programs; dfirst: channel blocks vary fastest in the grid;
 # maxnreg: register cap (0 = none). Decode: upd_rows batch rows x upd_bd channels per program.
-# Defaults: best of the H200 sweep (scripts/sweeps/conv4096.json, conv_upd.json). Offline sm_90
+# Defaults: best of the H200 sweep (`harness bench sweep --op causal_conv1d_varlen` / `causal_conv1d_update`;
+# the device's values in configs/<device>/conv1d.json). Offline sm_90
 # compile (Triton 3.6) of a wider config (bt 8, bd 1024, 8 warps, 3 stages; upd 512 x 2 rows): prefill 80 registers, no spills, 48 KiB shared
 # (3 CTAs / SM); decode 86 registers, one layout, no shared memory.
 CONFIG = launch_config("conv1d", {"bt": 16, "bd": 512, "warps": 4, "stages": 2, "dfirst": False, "chunks": 4,

@@ -30,7 +30,8 @@ from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, compute_dtype, device_guard, exp2_fast, index_type,
                                           interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
 
-# Launch parameters (H200 sweep of scripts/gpu_ops_bench.py: best of 36 at D=8192 N=16 L=4096).
+# Launch parameters (H200 sweep, `harness bench sweep --op selective_scan_varlen`: best of 36 at D=8192 N=16
+# L=4096; the device's values in configs/<device>/selective_scan.json).
 # chunk: tokens per program (0: single pass when the sequences x channel blocks give at least `programs`
 # programs, else pieces sized to give about that many).
 CONFIG = launch_config("selective_scan", {"bd": 32, "warps": 1, "chunk": 256, "programs": 1024, "pf": 2,

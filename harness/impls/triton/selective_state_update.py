@@ -18,9 +18,10 @@ from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
                                           softplus_fast)
 
-# Launch parameters (m2_*: defaults from the H200 sweep of scripts/gpu_ops_bench.py, 2026-11-29; m1_*: the
-# offline sm_90 compile's pick, to be confirmed by scripts/sweeps/m1.json). m1: bd channels x rows batch rows per
-# tile, tiles tiles per program (looped, the next tile prefetched), dfirst: channel blocks on grid axis 0.
+# Launch parameters (m2_*: defaults from the H200 sweep, 2026-11-29; m1_*: the offline sm_90 compile's pick, to be
+# confirmed by `harness bench sweep --op selective_state_update`; the device's values in
+# configs/<device>/selective_state_update.json). m1: bd channels x rows batch rows per tile, tiles tiles per
+# program (looped, the next tile prefetched), dfirst: channel blocks on grid axis 0.
 CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m1_bd": 64, "m1_warps": 2, "m1_rows": 2,
                                                   "m1_tiles": 1, "m1_dfirst": 1})
 

@@ -25,7 +25,7 @@ import torch
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import device_guard, interpreting
+from harness.impls.triton._common import device_guard, interpreting, launch_config
 from harness.impls.triton.ssd_bmm import ssd_bmm
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, ssd_chunk_cumsum
 from harness.impls.triton.ssd_chunk_scan import fused_cb_ok, ssd_chunk_scan
@@ -38,11 +38,12 @@ __all__ = ["ssd_varlen"]
 # "fused_cb": half-precision inputs skip ssd_bmm and form CB inside ssd_chunk_scan (tensor-core dots;
 # no CB round trip through memory, one launch fewer); False restores the bmm + CB-reading scan.
 # "fuse_front": ssd_chunk_cumsum's work runs inside ssd_chunk_state's launch (one launch fewer).
-# chunk_scan: the end-to-end best on the H200 (scripts/ssd_variants.py): 0.436 ms at L=4096 and
+# chunk_scan: the end-to-end best on the H200 (`harness bench sweep --op ssd_varlen`): 0.436 ms at L=4096 and
 # 1.33 ms at L=16384 against 0.577 / 2.19 ms for the stage's own default (block_m 128, 8 warps, 2 stages).
-TUNING: dict = {"cumsum": {}, "chunk_state": {}, "state_passing": {}, "bmm": {},
-                "chunk_scan": {"block_m": 128, "block_k": 64, "num_warps": 4, "num_stages": 3},
-                "fused_cb": True, "fuse_front": True}
+# The device's values in configs/<device>/ssd.json.
+TUNING: dict = launch_config("ssd", {"cumsum": {}, "chunk_state": {}, "state_passing": {}, "bmm": {},
+                                     "chunk_scan": {"block_m": 128, "block_k": 64, "num_warps": 4, "num_stages": 3},
+                                     "fused_cb": True, "fuse_front": True})
 
 
 @provides("triton", "ssd_varlen")

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import exp2_fast, interpreting, next_power_of_2, nvidia_fast
+from harness.impls.triton._common import exp2_fast, interpreting, launch_config, next_power_of_2, nvidia_fast
 from harness.impls.triton.ssd_chunk_state import default_block, dot_types
 
 __all__ = ["ssd_chunk_scan", "fused_cb_ok"]
@@ -261,14 +261,18 @@ def fused_cb_ok(N: int) -> bool:
     return next_power_of_2(N) <= 256
 
 
-# Launch defaults on a GPU, taken as one set when no tunable is given (bench_ssd.py sweeps them):
-# 128-token blocks over 8 warps (two warpgroups of wgmma rows), 64-token source blocks, two stages;
-# 128 registers a thread keeps two such CTAs resident on an SM (without the cap ptxas takes ~170).
-GPU_DEFAULTS = dict(block_m=128, block_p=64, block_k=64, block_n=64, heads=1, num_warps=8, num_stages=2,
-                    maxnreg=128, early_epilogue=False)
+# Launch defaults on a GPU, taken as one set when no tunable is given (shape classes "half" and "fma" of
+# configs/<device>/ssd_chunk_scan.json; ssd_varlen passes ssd.TUNING's, which `harness bench sweep --op
+# ssd_varlen` tunes): 128-token blocks over 8 warps (two warpgroups of wgmma rows), 64-token source
+# blocks, two stages; 128 registers a thread keeps two such CTAs resident on an SM (without the cap
+# ptxas takes ~170).
+GPU_DEFAULTS = launch_config("ssd_chunk_scan", dict(block_m=128, block_p=64, block_k=64, block_n=64, heads=1,
+                                                    num_warps=8, num_stages=2, maxnreg=128, early_epilogue=False),
+                             "half")
 # fp32 / fp64 (dots on the FMA units, `cb` path): small tiles that do not spill.
-FMA_DEFAULTS = dict(block_m=32, block_p=64, block_k=32, block_n=32, heads=1, num_warps=4, num_stages=2,
-                    maxnreg=None, early_epilogue=False)
+FMA_DEFAULTS = launch_config("ssd_chunk_scan", dict(block_m=32, block_p=64, block_k=32, block_n=32, heads=1,
+                                                    num_warps=4, num_stages=2, maxnreg=None, early_epilogue=False),
+                             "fma")
 
 
 def ssd_chunk_scan(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chunk_len, out, *,

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import cdiv, interpreting, next_power_of_2
+from harness.impls.triton._common import cdiv, interpreting, launch_config, next_power_of_2
 from harness.impls.triton.ssd_chunk_cumsum import chunk_front, front_args, front_buffers
 
 __all__ = ["ssd_chunk_state", "dot_types", "default_block"]
@@ -137,13 +137,16 @@ def _heads_per_program(hb: int, heads_per_group: int) -> int:
     return hb
 
 
-# Launch defaults on a GPU, taken as one set when no tunable is given (bench_ssd.py sweeps them): the
+# Launch defaults on a GPU, taken as one set when no tunable is given (shape classes "half" and "fma" of
+# configs/<device>/ssd_chunk_state.json; `harness bench sweep --op ssd_varlen` tunes them through ssd.TUNING): the
 # whole P x N state of two heads of a group per program (M = 2 * 64 rows, the B tile read once for
 # both), 64-token steps, 8 warps, two stages; 128 registers (capped: the fused front would take ~150)
 # and 64 KiB shared keep two CTAs on an SM.
-GPU_DEFAULTS = dict(block_p=64, block_n=128, block_k=64, heads=2, num_warps=8, num_stages=2, maxnreg=128)
+GPU_DEFAULTS = launch_config("ssd_chunk_state", dict(block_p=64, block_n=128, block_k=64, heads=2, num_warps=8,
+                                                     num_stages=2, maxnreg=128), "half")
 # fp32 / fp64 (dots on the FMA units): tiles that do not spill.
-FMA_DEFAULTS = dict(block_p=64, block_n=64, block_k=32, heads=1, num_warps=4, num_stages=2, maxnreg=None)
+FMA_DEFAULTS = launch_config("ssd_chunk_state", dict(block_p=64, block_n=64, block_k=32, heads=1, num_warps=4,
+                                                     num_stages=2, maxnreg=None), "fma")
 
 
 def ssd_chunk_state(x, B, dt_out, dA_cs, chunk_start, chunk_len, *, compute_dtype=torch.float32,

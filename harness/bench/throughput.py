@@ -1,10 +1,10 @@
 """Model-level throughput of the engine's backend path (and transformers' own model on the same shapes).
 
-    python -m harness.engine.throughput --device cuda --preset falcon-mamba-7b --impl triton \
+    harness bench throughput --device cuda --preset falcon-mamba-7b --impl triton \
         --prefill 4096 --decode-batch 64 --out reports/throughput.jsonl
-    python -m harness.engine.throughput --device cuda --family mamba2 --layers 64 --d-model 4096 \
+    harness bench throughput --device cuda --family mamba2 --layers 64 --d-model 4096 \
         --impl triton --prefill 4096 --decode-batch 64 --out FILE.jsonl
-    python -m harness.engine.throughput --device cpu --family mamba1 --layers 2 --d-model 64 \
+    harness bench throughput --device cpu --family mamba1 --layers 2 --d-model 64 \
         --vocab 256 --prefill 64 --decode-batch 4 --dtype float32 --out /tmp/t.jsonl     # CPU smoke
 
 Random weights (realistic init) generated directly on the device in `--dtype` (default bfloat16).
@@ -15,8 +15,9 @@ Measured, each written as a ``timing`` record (harness.records) with ``bench="mo
   ``--prefill`` tokens; ``tok_s`` = prefill tokens / time;
 * ``model_decode``: ``--decode-batch`` requests, one decode step of all layers (+ greedy sample fed back),
   timed per step after warm-up steps (so the first token is excluded); ``tok_s`` = batch / step time;
-* ``model_decode`` with ``cuda_graph=True``: the same step captured once in a torch.cuda.CUDAGraph with
-  static buffers (ops called inside ``harness.ops.no_index_checks()``) and replayed (CUDA only);
+* ``model_decode`` with ``cuda_graph=True``: the same step (static buffers, ops called inside
+  ``harness.ops.no_index_checks()``) as CUDA-graph replays (CUDA only); both decode records carry the
+  eager and the graph p50 and the host overhead (harness.bench.timing);
 * ``source="transformers"``: ``MambaForCausalLM`` / ``Mamba2ForCausalLM`` built from a config with the same
   shapes, random init, same dtype: prefill = one forward of ``--prefill`` tokens (logits of the last
   token); decode = ``generate`` at ``--decode-batch`` with k vs k+n new tokens, per-step time = the
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 
 import torch
 
@@ -94,15 +94,9 @@ def _record(writer, rows, **fields):
         print(f"throughput: {tag} {fields['ms_p50']:10.3f} ms  {fields['tok_s']:12.1f} tok/s", flush=True)
 
 
-def _stats(ms):
-    from harness.bench.timing import summarize
-    s = summarize(ms)
-    return dict(ms_p20=s.ms_p20, ms_p50=s.ms_p50, ms_p80=s.ms_p80, reps=s.n)
-
-
 def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int,
                       graphs: bool, emit):
-    from harness.bench.timing import time_calls
+    from harness.bench.timing import Budget, measure
     from harness.engine.metadata import build_metadata
     from harness.engine.runner import EngineRunner
     from harness.engine.scheduler import BatchEntry
@@ -125,9 +119,8 @@ def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int
     def prefill_fn():
         return head(runner.forward(toks, md_p)[-1:])
     with torch.inference_mode(), no_index_checks():
-        ms = time_calls([prefill_fn], device, warmup=warmup, reps=reps)
-    st = _stats(ms)
-    emit(op="model_prefill", tokens=prefill, batch=1, cuda_graph=False, tok_s=prefill / (st["ms_p50"] / 1e3), **st)
+        st = measure([prefill_fn], device, Budget(min_reps=reps, warmup=warmup)).fields()
+    emit(op="model_prefill", tokens=prefill, batch=1, tok_s=prefill / (st["ms_p50"] / 1e3), **st)
 
     # decode: `batch` requests, one token each per step, sampled token fed back
     md_d = build_metadata([BatchEntry(i, i, prefill, 1, True) for i in range(batch)], chunk_size=runner.chunk_size,
@@ -137,22 +130,16 @@ def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int
     def decode_fn():
         logits = head(runner.forward(static, md_d))
         static.copy_(logits[:, :V].argmax(-1))
+    if graphs and not str(device).startswith("cuda"):
+        print("throughput: CUDA-graph decode skipped (needs a CUDA device)", flush=True)
+        graphs = False
     with torch.inference_mode(), no_index_checks():
-        ms = time_calls([decode_fn], device, warmup=max(warmup, 2), reps=reps)
-    st = _stats(ms)
-    emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=False, tok_s=batch / (st["ms_p50"] / 1e3), **st)
-    if graphs:
-        if not str(device).startswith("cuda"):
-            print("throughput: CUDA-graph decode skipped (needs a CUDA device)", flush=True)
-            return
-        try:
-            with torch.inference_mode(), no_index_checks():
-                ms = time_calls([decode_fn], device, warmup=max(warmup, 2), reps=reps, cuda_graph=True)
-            st = _stats(ms)
-            emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, tok_s=batch / (st["ms_p50"] / 1e3),
-                 **st)
-        except Exception as e:  # noqa: BLE001 - record why capture failed
-            emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, error=f"{type(e).__name__}: {e}"[:500])
+        t = measure([decode_fn], device, Budget(min_reps=reps, warmup=max(warmup, 2)), graph=graphs)
+    for graph in ((False, True) if t.graph is not None else (False,)):
+        st = t.fields(graph)
+        emit(op="model_decode", tokens=batch, batch=batch, tok_s=batch / (st["ms_p50"] / 1e3), **st)
+    if t.graph_error:  # record why capture failed
+        emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, error=t.graph_error[:500])
 
 
 def hf_model_class_and_config(cfg: ModelConfig):
@@ -169,7 +156,7 @@ def hf_config(cfg: ModelConfig):
 
 
 def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int, new_tokens: int, emit):
-    from harness.bench.timing import synchronize, time_calls
+    from harness.bench.timing import Budget, measure, wall_samples
     try:
         cls, hc = hf_model_class_and_config(cfg)
         with torch.device(device):
@@ -182,9 +169,8 @@ def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, wa
     try:
         ids = torch.randint(0, V, (1, prefill), device=device, generator=g)
         with torch.inference_mode():
-            ms = time_calls([lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)], device,
-                            warmup=warmup, reps=reps)
-        st = _stats(ms)
+            st = measure([lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)], device,
+                         Budget(min_reps=reps, warmup=warmup)).fields()
         emit(op="model_prefill", tokens=prefill, batch=1, tok_s=prefill / (st["ms_p50"] / 1e3), **st)
     except Exception as e:  # noqa: BLE001
         emit(op="model_prefill", tokens=prefill, batch=1, error=f"{type(e).__name__}: {e}"[:500])
@@ -196,17 +182,11 @@ def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, wa
                 model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0, use_cache=True)
 
-        def timed(n):
-            synchronize(device)
-            t0 = time.perf_counter()
-            gen(n)
-            synchronize(device)
-            return time.perf_counter() - t0
         gen(2)
         n = max(1, reps // 3)
-        short = min(timed(2) for _ in range(n))
-        long = min(timed(2 + new_tokens) for _ in range(n))
-        step_ms = (long - short) / new_tokens * 1e3
+        short = min(wall_samples(lambda: gen(2), device, n))
+        long = min(wall_samples(lambda: gen(2 + new_tokens), device, n))
+        step_ms = (long - short) / new_tokens
         if step_ms <= 0:
             raise RuntimeError(f"timing noise: generate with {2 + new_tokens} tokens was not slower than with 2")
         emit(op="model_decode", tokens=batch, batch=batch, tok_s=batch / (step_ms / 1e3), ms_p20=step_ms,
@@ -217,7 +197,12 @@ def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, wa
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m harness.engine.throughput", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m harness.bench.throughput", description=__doc__.splitlines()[0])
+    add_args(p)
+    return p
+
+
+def add_args(p):
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model shapes (overrides --family etc.)")
     p.add_argument("--family", choices=families.names(), default="mamba1")
@@ -241,16 +226,26 @@ def build_parser():
     p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append timing records (JSONL) here")
-    return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def run_cli(args) -> int:
+    """`harness bench throughput`: an unknown --impl is a usage error (exit 4), a bad value exits 2."""
+    from harness.bench.registry import UnknownName, check_names
+    from harness.impls.registry import all_impls
     try:
+        if ":" not in args.impl:
+            check_names("--impl", [args.impl], sorted(all_impls()))
         return run(args)
+    except UnknownName as e:
+        print(f"throughput: {e}", file=sys.stderr)
+        return 4
     except ValueError as e:
         print(f"throughput: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv=None) -> int:
+    return run_cli(build_parser().parse_args(argv))
 
 
 def run(args) -> int:

@@ -1,6 +1,6 @@
 """Loading-speed benchmark: our loaders next to transformers' from_pretrained on one synthetic checkpoint.
 
-    python -m harness.loader_bench --size-gb 1 [--dtype bfloat16] [--device cpu] [--dir PATH] [--json OUT]
+    harness bench loader --size-gb 1 [--dtype bfloat16] [--device cpu] [--dir PATH] [--reps N] [--out JSONL] [--json OUT]
 
 Writes a synthetic Mamba-2 checkpoint of at least `--size-gb` GB (HF layout: config.json with
 model_type mamba2, `backbone.*` names, safetensors shards of <= 512 MB with an index) to a temp folder,
@@ -11,8 +11,11 @@ then times, in one run and in this order:
   * transformers Mamba2ForCausalLM.from_pretrained(folder, dtype=...).
 Each timing is wall-clock from the call until one element of every 4 KiB page of every returned
 tensor has been read (mmap-backed results are paid for like copied ones); the page cache is warm for
-every contender alike (the file was just written). Every loader's result is checked against the harness load on a
-few tensors so that a fast-but-wrong loader cannot win.
+every contender alike (the file was just written); `--reps` loads per contender (default 1), timed with
+harness.bench.timing.wall_samples. Every loader's result is checked against the harness load on a
+few tensors so that a fast-but-wrong loader cannot win. `--out` appends one timing record per contender
+(bench `loader/<contender>`, ms p20/p50/p80 of the loads, GB/s of checkpoint data delivered) that the gate
+and the report read; `--json` writes the summary as one JSON object.
 """
 from __future__ import annotations
 
@@ -104,15 +107,21 @@ def _touch(tensors) -> float:
     return total
 
 
-def _timed(fn, tensors_of):
-    gc.collect()
-    t0 = time.perf_counter()
-    out = fn()
-    _touch(tensors_of(out))
-    return out, time.perf_counter() - t0
+def _timed(fn, tensors_of, device: str = "cpu", reps: int = 1):
+    """(result of the last load, seconds of each load)."""
+    from harness.bench.timing import wall_samples
+    box = []
+
+    def load():
+        box.clear()
+        gc.collect()
+        box.append(fn())
+        _touch(tensors_of(box[0]))
+    ms = wall_samples(load, device, reps)
+    return box[0], [m / 1e3 for m in ms]
 
 
-def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep: bool) -> dict:
+def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep: bool, reps: int = 1) -> dict:
     from harness.loader import load_weights
     from reference.loader import load_checkpoint
     dtype = DTYPES[dtype_name]
@@ -128,22 +137,26 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
         results = {"checkpoint": {"bytes": nbytes, "n_layer": cfg_dict["num_hidden_layers"],
                                   "d_model": cfg_dict["hidden_size"], "dtype": dtype_name,
                                   "files": len(list(folder.glob("*.safetensors"))), "write_s": write_s},
-                   "device": device, "torch": torch.__version__, "loads": {}}
+                   "device": device, "torch": torch.__version__, "loads": {}, "samples": {}}
 
-        ours, s = _timed(lambda: load_weights(folder, device=device, dtype=dtype), lambda w: w.params.values())
-        results["loads"]["harness.loader"] = s
+        def timed(name, fn, tensors_of):
+            out, secs = _timed(fn, tensors_of, device, reps)
+            results["samples"][name] = secs
+            results["loads"][name] = sorted(secs)[len(secs) // 2]
+            return out
+
+        ours = timed("harness.loader", lambda: load_weights(folder, device=device, dtype=dtype),
+                     lambda w: w.params.values())
         probe = {k: ours.params[k].float().cpu().clone() for k in
                  ("embedding.weight", "layers.0.mixer.in_proj.weight", f"layers.{cfg_dict['num_hidden_layers'] - 1}.mixer.A_log")}
         del ours
 
-        tp, s = _timed(lambda: load_weights(folder, device=device, dtype=dtype, tp_rank=0, tp_size=2),
-                       lambda w: w.params.values())
-        results["loads"]["harness.loader tp=2 rank0"] = s
+        tp = timed("harness.loader tp=2 rank0", lambda: load_weights(folder, device=device, dtype=dtype, tp_rank=0,
+                                                                     tp_size=2), lambda w: w.params.values())
         results["tp_rank0_bytes"] = tp.bytes_read
         del tp
 
-        ref, s = _timed(lambda: load_checkpoint(folder, dtype=dtype), lambda c: c.params.values())
-        results["loads"]["reference.loader"] = s
+        ref = timed("reference.loader", lambda: load_checkpoint(folder, dtype=dtype), lambda c: c.params.values())
         for k, v in probe.items():
             assert torch.equal(ref.params[k].float().cpu(), v), f"reference loader disagrees on {k}"
         del ref
@@ -156,14 +169,15 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
             hf_logging.disable_progress_bar()
             logging.getLogger("transformers").setLevel(logging.ERROR)
             kw = {} if device == "cpu" else {"device_map": device}  # device_map needs accelerate
-            hf, s = _timed(lambda: Mamba2ForCausalLM.from_pretrained(str(folder), dtype=dtype, **kw),
-                           lambda m: list(m.state_dict().values()))
-            results["loads"]["transformers.from_pretrained"] = s
+            hf = timed("transformers.from_pretrained",
+                       lambda: Mamba2ForCausalLM.from_pretrained(str(folder), dtype=dtype, **kw),
+                       lambda m: list(m.state_dict().values()))
             sd = hf.state_dict()
             assert torch.equal(sd["backbone.embeddings.weight"].float().cpu(), probe["embedding.weight"])
             del hf, sd
         except Exception as e:  # report, don't hide
             results["loads"]["transformers.from_pretrained"] = None
+            results["samples"]["transformers.from_pretrained"] = []
             results["transformers_error"] = f"{type(e).__name__}: {e}"
         # GB/s of checkpoint data delivered (the TP row delivers only rank 0's share)
         results["throughput_gb_s"] = {
@@ -175,18 +189,46 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.loader_bench", description=__doc__.split("\n")[0])
+def add_args(p) -> None:
     p.add_argument("--size-gb", type=float, default=1.0, help="checkpoint size to write (GB, >= 0.01)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--device", default="cpu", help="target device for the loads (cpu, cuda:0, ...)")
     p.add_argument("--dir", type=Path, default=None, help="write the checkpoint here instead of a temp folder")
     p.add_argument("--keep", action="store_true", help="keep the temp checkpoint")
+    p.add_argument("--reps", type=int, default=1, help="loads per contender (default 1)")
+    p.add_argument("--out", default=None, metavar="PATH", help="append timing records (JSONL) here")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this path")
-    a = p.parse_args(argv)
+
+
+def write_records(r: dict, path: str) -> None:
+    """One timing record per contender (bench loader/<name>), after an env record."""
+    from harness.bench.timing import summarize
+    from harness.env import environment
+    from harness.records import RecordWriter
+    ck = r["checkpoint"]
+    w = RecordWriter(path)
+    w.write("env", env=environment(r["device"]), bench=dict(kind="loader"))
+    shape = dict(bytes=ck["bytes"], n_layer=ck["n_layer"], d_model=ck["d_model"], files=ck["files"])
+    for name, secs in r["samples"].items():
+        base = dict(bench=f"loader/{name}", op="load_checkpoint", impl=name, device=r["device"], dtype=ck["dtype"],
+                    shape=shape, tokens=None, peer=name.startswith("transformers"), cuda_graph=False, level="model")
+        if r["loads"].get(name) is None:
+            w.write("timing", **base, ms_p20=None, ms_p50=None, ms_p80=None, gb_s=None,
+                    error=r.get("transformers_error", "failed"))
+            continue
+        st = summarize([s * 1e3 for s in secs])
+        nbytes = r["tp_rank0_bytes"] if "tp=2" in name else ck["bytes"]
+        w.write("timing", **base, ms_p20=st.ms_p20, ms_p50=st.ms_p50, ms_p80=st.ms_p80, reps=st.n,
+                eager_ms_p50=st.ms_p50, timer="wall_samples", bytes=nbytes, gb_s=nbytes / (st.ms_p50 * 1e-3) / 1e9)
+
+
+def run_cli(a) -> int:
+    from reference.validate import fail
     if not a.size_gb >= 0.01:
-        p.error(f"--size-gb: expected a number >= 0.01, got {a.size_gb}")
-    r = run(a.size_gb, a.dtype, a.device, a.dir, a.keep)
+        fail("--size-gb", "a number >= 0.01", a.size_gb)
+    if not a.reps >= 1:
+        fail("--reps", "an int >= 1", a.reps)
+    r = run(a.size_gb, a.dtype, a.device, a.dir, a.keep, a.reps)
     ck = r["checkpoint"]
     print(f"checkpoint: {ck['bytes'] / 1e9:.3f} GB, Mamba-2 d_model {ck['d_model']} x {ck['n_layer']} layers, "
           f"{ck['dtype']}, {ck['files']} safetensors shards (written in {ck['write_s']:.1f} s); device {r['device']}")
@@ -196,11 +238,24 @@ def main(argv=None) -> int:
             print(f"{k:34s} {'failed':>9s}   {r.get('transformers_error', '')}")
         else:
             print(f"{k:34s} {v:9.2f} {r['throughput_gb_s'][k]:8.2f}")
+    if a.out:
+        write_records(r, a.out)
     if a.json:
         tmp = a.json.with_suffix(a.json.suffix + ".tmp")
         tmp.write_text(json.dumps(r, indent=2))
         os.replace(tmp, a.json)
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.bench.loader", description=__doc__.split("\n")[0])
+    add_args(p)
+    a = p.parse_args(argv)
+    try:
+        return run_cli(a)
+    except ValueError as e:
+        print(f"loader: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,327 @@
+"""`harness bench sweep --op OP`: launch-configuration sweeps of our Triton kernels.
+
+Each sweepable op has groups of candidates (`SWEEPS`); a candidate is a partial override of a kernel
+module's launch configuration (its `CONFIG`, or `TUNING` for ssd; object values merge one level, so
+{"chunk_scan": {"num_warps": 4}} changes one SSD stage parameter). Groups run in order; each group
+times the current configuration and every candidate at the op's benchmark shapes the group affects
+(docs/targets.md on GPUs; the tiny CPU shapes under the interpreter), with harness.bench.timing, ranked
+by CUDA-graph p50 on CUDA (GPU time: launch parameters do not change the host's share) and eager p50
+elsewhere. A candidate replaces the current configuration when its geometric-mean time over those
+shapes is at least `--min-gain` lower, and its outputs (and the pool it writes) match the current
+configuration's on the same inputs; later groups sweep on top of the winners. At the end the module's
+full configuration is written to configs/<device>/<module>.json (harness/impls/triton/configs/, the
+file `launch_config` reads on that device), unless --no-write. Every timed candidate is a timing record
+(bench `sweep/<op>/<group>/<n>`, candidate 0 = the configuration the group started from).
+
+    harness bench sweep --op causal_conv1d_varlen --device cuda
+    harness bench sweep --op ssd_varlen --group chunk_scan,variants --budget 300
+    harness bench sweep --op selective_state_update --list
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class SweepGroup:
+    name: str
+    module: str                          # harness.impls.triton.<module>
+    candidates: list                     # partial overrides of the module's configuration
+    attr: str = "CONFIG"                 # the module's configuration dict
+    applies: Callable = field(default=lambda shape: True)   # the op's shapes the group's parameters affect
+    shape_class: str = "default"         # the class of configs/<device>/<module>.json it writes
+
+
+def _grid(**axes) -> list[dict]:
+    keys = list(axes)
+    return [dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys))]
+
+
+def _rows(keys: tuple, rows: list) -> list[dict]:
+    return [dict(zip(keys, r)) for r in rows]
+
+
+def _layout(name):
+    return lambda shape: shape.get("layout") == name
+
+
+_SCAN_STAGE = ("block_m", "block_k", "heads", "num_warps", "num_stages", "maxnreg", "early_epilogue")
+_STATE_STAGE = ("block_p", "block_n", "block_k", "heads", "num_warps", "num_stages", "maxnreg")
+
+# The candidates of the H200 sweeps that set the modules' defaults, most important first.
+SWEEPS: dict[str, list[SweepGroup]] = {
+    "selective_scan_varlen": [SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
+        (16, 1, 4, 512), (32, 1, 4, 512), (32, 1, 4, 256), (32, 1, 2, 256), (16, 1, 2, 512)]))],
+    "causal_conv1d_varlen": [SweepGroup("prefill", "conv1d", _rows(
+        ("bt", "bd", "warps", "stages", "chunks", "progs", "dfirst", "maxnreg"), [
+            (8, 1024, 8, 3, 8, 1024, False, 0), (8, 1024, 4, 3, 8, 1024, False, 0), (8, 512, 4, 3, 8, 1024, False, 0),
+            (16, 1024, 8, 2, 4, 1024, False, 0), (16, 512, 4, 2, 4, 1024, False, 0), (8, 1024, 8, 4, 8, 1024, False, 0),
+            (8, 1024, 8, 3, 8, 2048, False, 0), (8, 1024, 8, 3, 16, 512, False, 0), (8, 1024, 8, 3, 8, 1024, True, 0),
+            (8, 1024, 8, 1, 2, 2048, False, 0), (8, 1024, 8, 3, 8, 1024, False, 64),
+            (4, 1024, 8, 4, 16, 1024, False, 0)]))],
+    "causal_conv1d_update": [SweepGroup("update", "conv1d", _rows(("upd_bd", "upd_warps", "upd_rows"), [
+        (512, 4, 2), (512, 4, 1), (512, 4, 4), (1024, 4, 1), (1024, 8, 2), (1024, 8, 1), (2048, 8, 1), (256, 2, 2),
+        (256, 4, 4), (256, 8, 4), (128, 4, 8), (512, 2, 2)]))],
+    "selective_state_update": [
+        SweepGroup("mamba2", "selective_state_update", _grid(m2_bp=(4, 8, 16, 32), m2_warps=(2, 4, 8)),
+                   applies=_layout("mamba2")),
+        SweepGroup("mamba1", "selective_state_update", _rows(("m1_bd", "m1_rows", "m1_warps", "m1_tiles", "m1_dfirst"), [
+            (32, 4, 2, 1, 1), (64, 2, 2, 1, 1), (128, 2, 2, 1, 1), (16, 8, 4, 1, 1), (32, 8, 4, 1, 1), (16, 4, 2, 1, 1),
+            (32, 4, 4, 1, 1), (64, 4, 2, 1, 1), (32, 8, 8, 1, 1), (16, 4, 2, 2, 1), (16, 8, 4, 2, 1),
+            (32, 4, 2, 1, 0)]), applies=_layout("mamba1")),
+    ],
+    "ssd_varlen": [
+        # whole-pipeline variants (end-to-end: the stage-by-stage figures time chunk_scan on its CB-reading path)
+        SweepGroup("variants", "ssd", [
+            {"fused_cb": False}, {"fuse_front": False},
+            {"chunk_scan": {"block_m": 64, "block_k": 64, "num_warps": 4, "num_stages": 2}},
+            {"chunk_scan": {"block_m": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}},
+            {"chunk_state": {"heads": 1}}], attr="TUNING"),
+        SweepGroup("chunk_scan", "ssd", [{"chunk_scan": dict(c, block_p=64, block_n=64)} for c in _rows(_SCAN_STAGE, [
+            (128, 64, 1, 8, 2, 128, False), (128, 64, 1, 8, 2, None, False), (128, 32, 1, 8, 3, 128, False),
+            (128, 64, 1, 8, 3, 128, False), (128, 64, 1, 8, 2, 128, True), (64, 64, 1, 4, 2, None, False),
+            (64, 32, 1, 4, 2, 128, False), (64, 64, 1, 8, 2, 128, False), (128, 64, 2, 8, 2, None, False),
+            (64, 64, 2, 4, 2, None, False)])], attr="TUNING"),
+        SweepGroup("chunk_state", "ssd", [{"chunk_state": c} for c in _rows(_STATE_STAGE, [
+            (64, 128, 64, 2, 8, 2, 128), (64, 128, 64, 1, 8, 2, None), (64, 128, 32, 2, 8, 3, 128),
+            (64, 128, 64, 2, 8, 3, 128), (64, 128, 64, 4, 8, 2, None), (64, 128, 32, 4, 8, 2, None),
+            (64, 64, 64, 2, 4, 2, None), (64, 128, 64, 1, 4, 2, None)])], attr="TUNING"),
+        SweepGroup("state_passing", "ssd", [{"state_passing": c} for c in _rows(("block", "block_c", "num_warps"), [
+            (1024, 8, 4), (512, 8, 2), (2048, 8, 8), (1024, 16, 4), (512, 16, 2), (1024, 4, 4), (256, 8, 1)])],
+            attr="TUNING"),
+        # the separate C.B^T and cumsum stages run only on the non-default paths
+        SweepGroup("bmm", "ssd", [{"fused_cb": False, "bmm": c} for c in _rows(
+            ("block_m", "block_n", "block_k", "num_warps", "num_stages"),
+            [(128, 128, 32, 8, 3), (128, 64, 64, 4, 3), (64, 64, 128, 4, 2)])], attr="TUNING"),
+        SweepGroup("cumsum", "ssd", [{"fuse_front": False, "cumsum": c} for c in _rows(
+            ("block_h", "num_warps"), [(8, 4), (16, 4), (32, 8), (4, 2)])], attr="TUNING"),
+    ],
+}
+
+
+def add_args(p) -> None:
+    p.add_argument("--op", action="append", default=None, help=f"op(s) to sweep (comma-separated): {', '.join(SWEEPS)}")
+    p.add_argument("--group", action="append", default=None, help="candidate group(s) of the op (default all)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "xpu"))
+    p.add_argument("--dtype", default=None, help="dtype (default: the op's benchmark dtype on the device)")
+    p.add_argument("--candidates", type=int, default=None, metavar="N", help="only the first N candidates of a group")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="stop trying candidates after this many seconds (the groups' winners so far are kept)")
+    p.add_argument("--min-gain", type=float, default=0.01,
+                   help="a candidate must be this fraction faster (geometric mean over the shapes) to win")
+    p.add_argument("--config-dir", default=None, metavar="DIR",
+                   help="where configs/<device>/<module>.json go (default: the package's harness/impls/triton/configs)")
+    p.add_argument("--device-name", default=None,
+                   help="the configs folder (default: this machine's, e.g. h200; cpu under the interpreter)")
+    p.add_argument("--no-write", action="store_true", help="report the winners, write no config file")
+    p.add_argument("--out", default=None, metavar="PATH", help="append timing records (JSONL) here "
+                   "(default reports/runs/<run id>/sweep.jsonl)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--list", action="store_true", help="list the groups and candidates and exit")
+
+
+def merged(cfg: dict, override: dict) -> dict:
+    """`cfg` with `override` applied (object values merged one level deep)."""
+    out = copy.deepcopy(cfg)
+    for k, v in override.items():
+        if k not in out:
+            raise ValueError(f"candidate: expected launch parameters of the module ({sorted(out)}), got {k!r}")
+        out[k] = {**out[k], **v} if isinstance(out[k], dict) and isinstance(v, dict) else v
+    return out
+
+
+def _set(conf: dict, values: dict) -> None:
+    conf.clear()
+    conf.update(copy.deepcopy(values))
+
+
+def _outputs(spec, inputs, result) -> list:
+    """The tensors a call produced: its return value(s) and the state pool it writes."""
+    import torch
+    outs = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(t, torch.Tensor)]
+    pool = inputs.get(spec.pool) if spec.pool else None
+    return [t.detach().float().clone() for t in outs + ([pool] if isinstance(pool, torch.Tensor) else [])]
+
+
+def _mismatch(ref: list, got: list, tol: float) -> str | None:
+    if len(ref) != len(got):
+        return f"{len(got)} outputs, expected {len(ref)}"
+    for i, (a, b) in enumerate(zip(ref, got)):
+        scale = float(a.abs().max()) if a.numel() else 0.0
+        err = float((a - b).abs().max()) if a.numel() else 0.0
+        if not (err <= tol * max(scale, 1e-6)):  # NaN fails too
+            return f"output {i} differs from the current configuration's: max |diff| {err:.3g} vs scale {scale:.3g}"
+    return None
+
+
+def run_cli(args, device: str) -> int:
+    """Run the sweep of `args.op` on `device` (resolved by harness.bench.cli.setup_device)."""
+    import torch
+
+    from harness.bench.cli import budget_from
+    from harness.bench.registry import OP_INPUTS, check_names, known_names, split_names
+    from harness.bench.runner import parse_dtype
+    from harness.bench.timing import measure
+    from harness.env import REPO_ROOT, environment
+    from harness.impls.registry import get
+    from harness.impls.triton import _common
+    from harness.ops import SPECS, no_index_checks
+    from harness.records import RecordWriter, new_run_id
+
+    all_ops, _ = known_names()
+    ops = split_names(args.op)
+    if not ops:
+        from reference.validate import fail
+        fail("--op", f"one or more of {', '.join(SWEEPS)}", "none")
+    check_names("--op (ops with a launch-configuration sweep)", ops, list(SWEEPS))
+    groups_asked = split_names(args.group)
+    valid_groups = sorted({g.name for op in ops for g in SWEEPS[op]})
+    check_names("--group", groups_asked, valid_groups)
+    if args.list:
+        for op in ops:
+            for g in SWEEPS[op]:
+                if groups_asked and g.name not in groups_asked:
+                    continue
+                print(f"{op} / {g.name} ({g.module}.{g.attr}, class {g.shape_class}): {len(g.candidates)} candidates")
+                for i, c in enumerate(g.candidates, 1):
+                    print(f"  {i:3d} {json.dumps(c)}")
+        return 0
+    if args.candidates is not None and args.candidates < 1:
+        from reference.validate import fail
+        fail("--candidates", "an int >= 1", args.candidates)
+    if device == "cpu":
+        torch.set_num_threads(1)
+    impl = get("triton")
+    why = impl.why_unavailable(device)
+    if why:
+        from reference.validate import fail
+        fail("--device", "a device the triton implementation runs on", f"{device}: {why}")
+    budget = budget_from(args, device)
+    graph = device.startswith("cuda")
+    dtype = parse_dtype(args.dtype) if args.dtype else None
+    run_id = os.environ.get("HARNESS_RUN_ID") or new_run_id()
+    out = args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "sweep.jsonl")
+    writer = RecordWriter(out, run_id=run_id)
+    writer.write("env", env=environment(device), bench=dict(kind="sweep", ops=ops, min_reps=budget.min_reps,
+                                                             cuda_graph=graph))
+    folder = args.device_name or _common.device_config_name() or device.split(":")[0]
+    config_dir = args.config_dir or _common.CONFIG_DIR
+    t_start = time.perf_counter()
+    failed = False
+    import importlib
+    for op in ops:
+        spec, op_spec = OP_INPUTS[op], SPECS[op]
+        fn = impl.ops[op]
+        dt = dtype or spec.dtypes_for(device)[0]
+        tol = 2e-2 if dt in (torch.float16, torch.bfloat16) else 1e-4
+        touched: dict = {}
+        op_failed = False
+        for g in SWEEPS[op]:
+            if groups_asked and g.name not in groups_asked:
+                continue
+            mod = importlib.import_module(f"harness.impls.triton.{g.module}")
+            conf = getattr(mod, g.attr)
+            touched.setdefault((g.module, g.attr, g.shape_class), (mod, copy.deepcopy(conf)))
+            shapes = [s for s in spec.shapes_for(device) if g.applies(s)]
+            if not shapes:
+                print(f"sweep: {op}/{g.name}: no shape of {op} on {device} is affected; skipped")
+                continue
+            start = copy.deepcopy(conf)
+            cands = [{}] + list(g.candidates[:args.candidates] if args.candidates else g.candidates)
+            refs: dict = {}
+            scores = []
+            for ci, cand in enumerate(cands):
+                if args.budget is not None and time.perf_counter() - t_start > args.budget and ci > 0:
+                    print(f"sweep: budget spent; {op}/{g.name} stopped after {ci - 1} candidates")
+                    break
+                cfg = merged(start, cand)
+                _set(conf, cfg)
+                logs, ratios, err = [], [], None
+                for si, shape in enumerate(shapes):
+                    base = dict(bench=f"sweep/{op}/{g.name}/{ci}", op=op, impl="triton", device=device,
+                                dtype=str(dt).replace("torch.", ""), shape=dict(shape), tokens=spec.tokens(shape),
+                                peer=False, cuda_graph=graph, level="kernel", group=g.name, candidate=ci,
+                                module=g.module, config=cand)
+                    try:
+                        gen = torch.Generator(device=device if device != "cpu" else "cpu").manual_seed(args.seed)
+                        inputs = spec.make(shape, dt, device, gen)
+                        outs = _outputs(op_spec, inputs, spec.call(fn, inputs))
+                        if ci == 0:
+                            refs[si] = outs
+                        else:
+                            why = _mismatch(refs[si], outs, tol)
+                            if why:
+                                raise ValueError(why)
+                        with no_index_checks():
+                            t = measure([lambda inp=inputs: spec.call(fn, inp)], device, budget, graph=graph)
+                        if graph and t.graph is None:
+                            raise RuntimeError(f"no CUDA-graph timing: {t.graph_error}")
+                        fields = t.fields(graph)
+                    except Exception as e:  # noqa: BLE001 - a candidate that fails is recorded and left out
+                        err = f"{type(e).__name__}: {str(e)[:300]}"
+                        writer.write("timing", **base, ms_p20=None, ms_p50=None, ms_p80=None, error=err)
+                        if ci == 0:
+                            failed = op_failed = True
+                        break
+                    from harness.bench.bytes import op_bytes
+                    nbytes = op_bytes(op, inputs)
+                    fields.update(bytes=nbytes, gb_s=nbytes / (fields["ms_p50"] * 1e-3) / 1e9 if nbytes else None,
+                                  tok_s=base["tokens"] / (fields["ms_p50"] * 1e-3) if base["tokens"] else None)
+                    writer.write("timing", **{**base, **fields})
+                    logs.append(fields["ms_p50"])
+                    if ci > 0:
+                        ratios.append(fields["ms_p50"] / scores[0][2][si])
+                    del inputs
+                    if device.startswith("cuda"):
+                        torch.cuda.empty_cache()
+                if err:
+                    print(f"sweep: {op}/{g.name} #{ci} {json.dumps(cand)}: {err}")
+                    if ci == 0:
+                        break
+                    continue
+                score = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 1.0
+                scores.append((score, ci, logs))
+                print(f"sweep: {op}/{g.name} #{ci:<3d} {score:6.3f}x  "
+                      + " ".join(f"{ms:.4g}" for ms in logs) + f" ms  {json.dumps(cand)}", flush=True)
+            best = min(scores, key=lambda s: s[0]) if scores else None
+            if best and best[1] > 0 and best[0] <= 1 - args.min_gain:
+                print(f"sweep: {op}/{g.name}: candidate #{best[1]} wins ({best[0]:.3f}x of the starting time)")
+                _set(conf, merged(start, cands[best[1]]))
+            else:
+                print(f"sweep: {op}/{g.name}: the starting configuration stays")
+                _set(conf, start)
+        for (module, attr, cls), (mod, original) in touched.items():
+            conf = getattr(mod, attr)
+            if not args.no_write and not op_failed:
+                path = write_config(config_dir, folder, module, cls, conf)
+                print(f"sweep: {module} [{cls}] -> {path}")
+            _set(conf, original)  # this process keeps the configuration it started with
+    print(f"sweep: records in {out}")
+    return 1 if failed else 0
+
+
+def write_config(config_dir: str, device: str, module: str, shape_class: str, values: dict) -> str:
+    """Write one shape class of configs/<device>/<module>.json (the file's other classes kept)."""
+    from harness.impls.triton._common import read_config_file
+    path = os.path.join(config_dir, device, f"{module}.json")
+    data = read_config_file(path) if os.path.exists(path) else {}
+    data[shape_class] = copy.deepcopy(values)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+    sys.exit(main(["bench", "sweep", *sys.argv[1:]]))
