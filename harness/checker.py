@@ -29,6 +29,11 @@ class Checker:
         """
         dtype = dtype or actual.dtype
         tol = tol or tolerance_for(dtype)
+        tf32 = dtype == torch.float32 and not self.device.startswith("cpu") and _uses_tf32(impl)
+        if tf32:  # a TF32 kernel is judged at TF32's precision (that of fp16); a wrong state still fails
+            loose = tolerance_for(torch.float16)
+            tol = Tolerance(max(tol.atol, loose.atol), max(tol.rtol, loose.rtol), max(tol.ratio, loose.ratio))
+            context = (context + "; " if context else "") + f"TF32 tolerance: {impl} multiplies fp32 in TF32"
         c = compare(name, actual, expected, tol)
         self.count += 1
         if self.writer is not None:
@@ -47,3 +52,9 @@ class Checker:
                                  f" --hypothesis-seed=<printed above>"
             raise AssertionError(c.message(ctx, repro))
         return c
+
+
+def _uses_tf32(impl: str) -> bool:
+    from harness.impls.registry import all_impls
+    i = all_impls().get(impl)
+    return i is not None and getattr(i, "fp32_matmul", "ieee") == "tf32"

@@ -49,6 +49,9 @@ class Impl:
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
     deterministic: bool = True
     description: str = ""
+    # How the implementation multiplies fp32 inputs on the GPU: "ieee", or "tf32" (10-bit mantissa, like
+    # fp16's): the checks then judge its fp32 results at the fp16 tolerance and say so.
+    fp32_matmul: str = "ieee"
     # Returns None when usable, else the reason it is not (e.g. "package mamba_ssm not importable").
     unavailable: Callable[[], str | None] = field(default=lambda: None)
 

@@ -332,7 +332,11 @@ def run_hf(kind, form, inp, Bsz, L, chunk_size=None):
               output_final_state=True, use_qk_l2norm_in_kernel=inp["use_qk_l2norm"])
     if form == "chunked":
         kw["chunk_size"] = chunk_size
-    o, s = fn(b(inp["q"]), b(inp["k"]), b(inp["v"]), b(inp["g"]), b(inp["beta"]), **kw)
+    q, k = inp["q"], inp["k"]
+    rep = inp["v"].shape[1] // q.shape[1]
+    if rep > 1:  # value heads share key heads; versions differ on whether the function repeats them itself
+        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    o, s = fn(b(q), b(k), b(inp["v"]), b(inp["g"]), b(inp["beta"]), **kw)
     assert o.dtype == F64 and s.dtype == F64, "transformers' function did not compute in float64"
     return o.reshape(Bsz * L, *o.shape[2:]), s.transpose(-1, -2)
 

@@ -51,7 +51,7 @@ def _varlen(fn, validate, q, k, v, g, beta, ssm_states, query_start_loc, cache_i
     tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], device=q.device) for i in run])
     cu = torch.tensor([0] + [qsl[i + 1] - qsl[i] for i in run], device=q.device).cumsum(0)
     h0 = _gather(ssm_states, [idx[i] for i in run], [init_flags[i] for i in run])
-    o, hT = fn(q[tok][None], k[tok][None], v[tok][None], g[tok][None], beta[tok][None], scale=scale,
+    o, hT = fn(q[tok][None], k[tok][None], v[tok][None], g=g[tok][None], beta=beta[tok][None], scale=scale,
                initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm),
                state_v_first=True, cu_seqlens=cu.long())
     y[tok] = o[0].to(y.dtype)
@@ -71,7 +71,7 @@ def _update(fn, validate, q, k, v, g, beta, ssm_states, state_indices, scale, us
         return y
     rows = torch.tensor(live, device=q.device)
     h0 = _gather(ssm_states, [idx[i] for i in live], [True] * len(live))
-    o, hT = fn(q[rows][:, None], k[rows][:, None], v[rows][:, None], g[rows][:, None], beta[rows][:, None],
+    o, hT = fn(q[rows][:, None], k[rows][:, None], v[rows][:, None], g=g[rows][:, None], beta=beta[rows][:, None],
                scale=scale, initial_state=h0, output_final_state=True,
                use_qk_l2norm_in_kernel=bool(use_qk_l2norm), state_v_first=True)
     y[rows] = o[:, 0].to(y.dtype)
@@ -111,6 +111,6 @@ register(Impl(name="fla", devices=("cuda",),
               ops={"gated_delta_rule_varlen": gated_delta_rule_varlen,
                    "gated_delta_rule_update": gated_delta_rule_update,
                    "kda_varlen": kda_varlen, "kda_update": kda_update},
-              dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              dtypes=(torch.float32, torch.float16, torch.bfloat16), fp32_matmul="tf32",
               unavailable=lambda: unavailable_reason("fla-core", _GDN, _KDA),
               description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA"))
