@@ -4,7 +4,6 @@ the timing module's budget and record fields; eager and CUDA-graph timings are s
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -205,3 +204,33 @@ def test_gate_keeps_eager_and_graph_apart(tmp_path, capsys):
     assert main(["gate", "--baseline", str(tmp_path / "base.jsonl"), "--candidate", str(tmp_path / "cand.jsonl")]) == 1
     out = capsys.readouterr().out
     assert "performance" in out and "cuda_graph" in out
+
+
+def test_gpu_timer_tops_up_samples_and_keeps_eager_on_capture_failure(monkeypatch):
+    """On GPUs the samples come from triton.testing (stood in for here, as this machine may have no GPU):
+    a slow call whose first do_bench pass gives 2 samples gets a second pass sized for the rest; the
+    CUDA-graph figures come from do_bench_cudagraph passes of 10 samples each; a call that cannot be
+    captured keeps its eager figures and says why."""
+    import triton.testing
+    calls = []
+
+    def do_bench(fn, warmup=25, rep=100, return_mode="mean", **kw):
+        calls.append(("eager", rep))
+        return [50.0] * max(1, int(rep / 50.0))
+
+    def do_bench_cudagraph(fn, rep=20, return_mode="mean", **kw):
+        calls.append(("graph", rep))
+        return [40.0] * 10
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", do_bench_cudagraph)
+    t = measure([lambda: None], "cuda:0", Budget(min_reps=20), graph=True)
+    assert t.eager.n == 20 and t.graph.n == 20 and t.timer == "do_bench"
+    assert calls == [("eager", 100.0), ("eager", 900.0), ("graph", 100.0), ("graph", 100.0)]
+    assert t.fields(True)["host_ms"] == pytest.approx(10.0)
+
+    def broken(fn, rep=20, return_mode="mean", **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", broken)
+    t = measure([lambda: None], "cuda:0", Budget(min_reps=2), graph=True)
+    assert t.graph is None and "stream is capturing" in t.graph_error
+    assert t.fields()["graph_error"] == t.graph_error and t.fields()["ms_p50"] == 50.0
