@@ -12,8 +12,12 @@ Declare, don't edit a table (see harness.bench.registry):
     def tflops(case, ms, ctx):
         return flops_of(case.shape) / (ms * 1e-3) / 1e12
 
-Every implementation in harness.impls.registry that provides an op is benchmarked automatically.
-Run with `harness bench` (records to JSONL) or `pytest suites/bench --benchmark-json=...`.
+Every implementation in harness.impls.registry that provides an op is benchmarked automatically; the
+peers' own kernels are decorated backends (harness.bench.peers).
+Run with `harness bench` (records to JSONL) or `pytest suites/bench --benchmark-json=...`; the other
+benchmarks are its subcommands: `peers`, `sweep` (launch configurations, harness.bench.sweep),
+`throughput` (model tok/s, harness.bench.throughput) and `loader` (harness.bench.loader). All of them
+time through harness.bench.timing.
 """
 from __future__ import annotations
 

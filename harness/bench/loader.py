@@ -44,17 +44,18 @@ def mamba2_config(n_layer: int, d_model: int = 2048, vocab: int = 50288) -> dict
             "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
 
 
-def write_checkpoint(folder: Path, size_gb: float, dtype: torch.dtype, shard_mb: int = 512) -> tuple[dict, int]:
+def write_checkpoint(folder: Path, size_gb: float, dtype: torch.dtype, shard_mb: int = 512,
+                     d_model: int = 2048) -> tuple[dict, int]:
     """Write the synthetic checkpoint; returns (config dict, bytes of tensor data)."""
     from safetensors.torch import save_file
     from reference.loader import detect_config, expected_parameters
     el = torch.tensor([], dtype=dtype).element_size()
-    probe = detect_config(mamba2_config(1))
+    probe = detect_config(mamba2_config(1, d_model))
     shapes1 = expected_parameters(probe)
     per_layer = sum(math.prod(s) for n, s in shapes1.items() if n.startswith("layers.0.")) * el
     fixed = (math.prod(shapes1["embedding.weight"]) + probe.d_model) * el
     n_layer = max(1, math.ceil((size_gb * 1e9 - fixed) / per_layer))
-    cfg_dict = mamba2_config(n_layer)
+    cfg_dict = mamba2_config(n_layer, d_model)
     cfg = detect_config(cfg_dict)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg_dict))
@@ -121,7 +122,8 @@ def _timed(fn, tensors_of, device: str = "cpu", reps: int = 1):
     return box[0], [m / 1e3 for m in ms]
 
 
-def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep: bool, reps: int = 1) -> dict:
+def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep: bool, reps: int = 1,
+        d_model: int = 2048) -> dict:
     from harness.loader import load_weights
     from reference.loader import load_checkpoint
     dtype = DTYPES[dtype_name]
@@ -131,7 +133,7 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
         folder = Path(tmp)
     try:
         t0 = time.perf_counter()
-        cfg_dict, nbytes = write_checkpoint(folder, size_gb, dtype)
+        cfg_dict, nbytes = write_checkpoint(folder, size_gb, dtype, d_model=d_model)
         write_s = time.perf_counter() - t0
         gb = nbytes / 1e9
         results = {"checkpoint": {"bytes": nbytes, "n_layer": cfg_dict["num_hidden_layers"],
@@ -192,6 +194,7 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
 def add_args(p) -> None:
     p.add_argument("--size-gb", type=float, default=1.0, help="checkpoint size to write (GB, >= 0.01)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--d-model", type=int, default=2048, help="the synthetic model's width (a multiple of 256)")
     p.add_argument("--device", default="cpu", help="target device for the loads (cpu, cuda:0, ...)")
     p.add_argument("--dir", type=Path, default=None, help="write the checkpoint here instead of a temp folder")
     p.add_argument("--keep", action="store_true", help="keep the temp checkpoint")
@@ -228,7 +231,9 @@ def run_cli(a) -> int:
         fail("--size-gb", "a number >= 0.01", a.size_gb)
     if not a.reps >= 1:
         fail("--reps", "an int >= 1", a.reps)
-    r = run(a.size_gb, a.dtype, a.device, a.dir, a.keep, a.reps)
+    if not (a.d_model >= 256 and a.d_model % 256 == 0):
+        fail("--d-model", "a positive multiple of 256 (64-wide heads in 8 groups)", a.d_model)
+    r = run(a.size_gb, a.dtype, a.device, a.dir, a.keep, a.reps, a.d_model)
     ck = r["checkpoint"]
     print(f"checkpoint: {ck['bytes'] / 1e9:.3f} GB, Mamba-2 d_model {ck['d_model']} x {ck['n_layer']} layers, "
           f"{ck['dtype']}, {ck['files']} safetensors shards (written in {ck['write_s']:.1f} s); device {r['device']}")

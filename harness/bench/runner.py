@@ -161,7 +161,7 @@ def measure_case(case: Case, budget: Budget, *, seed: int = 0, rotate: int | Non
     return t, len(sets)
 
 
-def _metrics(case: Case, fields: dict, ctx: dict) -> None:
+def _apply_metrics(case: Case, fields: dict, ctx: dict) -> None:
     for name, m in METRICS.items():
         fields[name] = m.fn(case, fields["ms_p50"], ctx)
 
@@ -213,7 +213,7 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
             else:
                 for graph in ((False, True) if t.graph is not None else (False,)):
                     fields = dict(base, **t.fields(graph), input_sets=n_sets, bytes=case.bytes)
-                    _metrics(case, fields, ctx)
+                    _apply_metrics(case, fields, ctx)
                     if case.op == "copy" and fields.get("gb_s"):
                         ctx["copy_gb_s"] = max(ctx.get("copy_gb_s", 0.0), fields["gb_s"])
                         fields["pct_copy_bw"] = 100.0 * fields["gb_s"] / ctx["copy_gb_s"]

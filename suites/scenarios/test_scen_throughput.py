@@ -1,8 +1,8 @@
-"""Model-level throughput script (harness/engine/throughput.py) on the CPU with tiny shapes: it runs the
-engine's backend path and transformers' model, and writes well-formed timing records."""
+"""Model-level throughput (`harness bench throughput`, harness/bench/throughput.py) on the CPU with tiny shapes:
+it runs the engine's backend path and transformers' model, and writes well-formed timing records."""
 import pytest
 
-from harness.engine.throughput import PRESETS, main, model_config
+from harness.bench.throughput import PRESETS, main, model_config
 from harness.records import read_records
 
 
@@ -28,15 +28,20 @@ def test_throughput_cpu_tiny(tmp_path, family, hf):
     for r in timings:
         assert "error" not in r, r
         assert r["ms_p50"] > 0 and r["tok_s"] == pytest.approx(r["tokens"] / (r["ms_p50"] / 1e3))
+        assert r["cuda_graph"] is False
         assert r["shape"]["family"] == family and r["shape"]["layers"] == 2 and r["dtype"] == "float32"
 
 
 def test_throughput_bad_input(capsys):
-    """Non-positive sizes and an unknown implementation exit 2 with a message naming the argument."""
+    """Non-positive sizes exit 2 with a message naming the argument; an unknown implementation is a usage
+    error (exit 4) listing the registered ones, through `harness bench throughput` as well."""
+    from harness.cli import main as harness_main
     assert main(["--device", "cpu", "--layers", "0", "--no-hf"]) == 2
     assert "--layers: expected a positive int" in capsys.readouterr().err
-    assert main(["--device", "cpu", "--layers", "1", "--d-model", "16", "--impl", "nope", "--no-hf"]) == 2
-    assert "--impl" in capsys.readouterr().err
+    assert main(["--device", "cpu", "--layers", "1", "--d-model", "16", "--impl", "nope", "--no-hf"]) == 4
+    err = capsys.readouterr().err
+    assert "--impl" in err and "nope" in err and "reference" in err and "triton" in err
+    assert harness_main(["bench", "throughput", "--device", "cpu", "--impl", "nope", "--no-hf"]) == 4
 
 
 def test_throughput_presets_have_the_published_shapes():

@@ -1,0 +1,236 @@
+"""`harness bench` as one home for benchmarks, on the CPU at tiny shapes: each subcommand runs and writes
+timing records the gate reads; name filters take comma lists and an unknown name is a usage error (exit 4);
+the timing module's budget and record fields; eager and CUDA-graph timings are separate gate cases."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.bench.timing import Budget, Stats, Timing, cpu_samples, measure
+from harness.cli import main
+from harness.records import RecordWriter, read_records
+
+QUICK = ["--reps", "2", "--min-time", "0", "--no-progress"]
+
+
+def timings(path) -> list[dict]:
+    recs = read_records(str(path))
+    assert recs[0]["kind"] == "env", recs[0]
+    return [r for r in recs if r["kind"] == "timing"]
+
+
+def gates_clean(path, capsys) -> None:
+    """The gate reads the file as a run (its own baseline: no regression)."""
+    capsys.readouterr()
+    assert main(["gate", "--baseline", str(path), "--candidate", str(path)]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ filters
+
+def test_op_filter_takes_comma_lists(capsys):
+    """`--op a,b --list` lists the cases of both ops (and the copy roofline), `--impl` likewise."""
+    assert main(["bench", "--device", "cpu", "--op", "ssd_varlen,gated_rms_norm", "--impl", "torch,reference",
+                 "--list"]) == 0
+    cases = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("skipped")]
+    assert {c.split("/")[0] for c in cases} == {"copy", "ssd_varlen", "gated_rms_norm"}
+    assert {c.split("/")[1].split("[")[0] for c in cases if not c.startswith("copy")} == {"torch", "reference"}
+
+
+@pytest.mark.parametrize("argv,named,bad", [
+    (["bench", "--device", "cpu", "--op", "nonexistent", "--list"], "--op", "nonexistent"),
+    (["bench", "--device", "cpu", "--op", "ssd_varlen,nonexistent", "--list"], "--op", "nonexistent"),
+    (["bench", "--device", "cpu", "--impl", "torch", "--impl", "nope", "--list"], "--impl", "nope"),
+    (["bench", "peers", "--device", "cpu", "--op", "nonexistent", "--list"], "--op", "nonexistent"),
+    (["bench", "peers", "--device", "cpu", "--op", "copy", "--list"], "--op (ops a peer has)", "copy"),
+    (["bench", "sweep", "--device", "cpu", "--op", "gated_rms_norm", "--list"],
+     "--op (ops with a launch-configuration sweep)", "gated_rms_norm"),
+    (["bench", "sweep", "--device", "cpu", "--op", "nonexistent"], "--op (ops with a launch-configuration sweep)",
+     "nonexistent"),
+    (["bench", "sweep", "--device", "cpu", "--op", "ssd_varlen", "--group", "nope", "--list"], "--group", "nope"),
+    (["bench", "throughput", "--device", "cpu", "--impl", "nope", "--no-hf"], "--impl", "nope"),
+])
+def test_unknown_names_are_usage_errors(argv, named, bad, capsys):
+    """An unknown op, implementation or group exits 4 with a message naming the option, the unknown name and
+    the valid names; nothing is timed."""
+    assert main(argv) == 4
+    err = capsys.readouterr().err
+    assert f"{named}: expected names from" in err and bad in err.split("got unknown")[1]
+    listed = err.split("expected names from")[1].split(";")[0]
+    assert len(listed.split(",")) >= 3 and bad not in listed.split(", ")
+
+
+# ------------------------------------------------------------------------------------------ subcommands
+
+def test_bench_ops_default_still_the_op_matrix(tmp_path, capsys):
+    """`harness bench` without a subcommand times the op benchmarks (CPU: one record per case, eager only)."""
+    out = tmp_path / "ops.jsonl"
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK,
+                 "--out", str(out)]) == 0
+    t = timings(out)
+    assert [r["op"] for r in t] == ["copy", "gated_rms_norm", "gated_rms_norm"]
+    assert all(r["cuda_graph"] is False and r["reps"] >= 2 and r["ms_p50"] > 0 for r in t)
+    gates_clean(out, capsys)
+
+
+def test_bench_peers_runs_ours_next_to_the_peers(tmp_path, capsys):
+    """`harness bench peers` restricts the matrix to the ops a peer has and lists the peers it could not run
+    (here: not installed, or their own kernels being CUDA only) with the reason."""
+    out = tmp_path / "peers.jsonl"
+    assert main(["bench", "peers", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch,mamba_ssm.native",
+                 *QUICK, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gated_rms_norm/mamba_ssm.native: runs on cuda only" in printed
+    t = timings(out)
+    assert {(r["op"], r["impl"]) for r in t} == {("copy", "torch"), ("gated_rms_norm", "torch")}
+    assert read_records(str(out))[0]["bench"]["kind"] == "peers"
+    gates_clean(out, capsys)
+
+
+def test_peer_native_backends_are_declared():
+    """Every op with a peer adapter also has the peer's own kernel as a CUDA-only backend, marked peer."""
+    from harness.bench.cli import peer_ops
+    from harness.bench.registry import BENCHMARKS
+    natives = {b.op: b for b in BENCHMARKS.values() if b.impl.endswith(".native")}
+    assert set(natives) == set(peer_ops()) == {"selective_scan_varlen", "causal_conv1d_varlen",
+                                                "causal_conv1d_update", "selective_state_update", "ssd_varlen",
+                                                "gated_rms_norm"}
+    assert all(b.peer and b.devices == ("cuda",) for b in natives.values())
+
+
+def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys):
+    """`harness bench sweep` times the starting configuration and the candidates at the op's (CPU) shapes,
+    records each, writes the module's configuration file for the device folder, and leaves the module's
+    configuration in this process as it found it."""
+    from harness.impls.triton import selective_state_update as ssu
+    before = dict(ssu.CONFIG)
+    out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
+    assert main(["bench", "sweep", "--device", "cpu", "--op", "selective_state_update", "--group", "mamba2",
+                 "--candidates", "1", *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev",
+                 "--out", str(out)]) == 0
+    t = timings(out)
+    assert [(r["bench"], r["candidate"]) for r in t] == [("sweep/selective_state_update/mamba2/0", 0),
+                                                         ("sweep/selective_state_update/mamba2/1", 1)]
+    assert all(r["shape"]["layout"] == "mamba2" and r["ms_p50"] > 0 and r["impl"] == "triton" for r in t)
+    assert t[1]["config"] == {"m2_bp": 4, "m2_warps": 2}
+    with open(cfg / "testdev" / "selective_state_update.json") as f:
+        written = json.load(f)["default"]
+    assert set(written) == set(before) and written["m2_bp"] in (before["m2_bp"], 4)
+    assert ssu.CONFIG == before
+    gates_clean(out, capsys)
+
+
+def test_bench_sweep_no_write(tmp_path):
+    """--no-write reports without writing a configuration file."""
+    cfg = tmp_path / "configs"
+    assert main(["bench", "sweep", "--device", "cpu", "--op", "causal_conv1d_update", "--candidates", "1",
+                 *QUICK[:4], "--config-dir", str(cfg), "--no-write", "--out", str(tmp_path / "s.jsonl")]) == 0
+    assert not cfg.exists()
+
+
+def test_bench_throughput_subcommand(tmp_path, capsys):
+    """`harness bench throughput` writes the engine's prefill and decode records."""
+    out = tmp_path / "tp.jsonl"
+    assert main(["bench", "throughput", "--device", "cpu", "--family", "mamba2", "--layers", "1", "--d-model", "32",
+                 "--vocab", "64", "--d-state", "8", "--head-dim", "16", "--n-groups", "2", "--chunk-size", "8",
+                 "--prefill", "8", "--decode-batch", "2", "--dtype", "float32", "--impl", "torch", "--reps", "2",
+                 "--warmup", "1", "--no-hf", "--out", str(out)]) == 0
+    t = timings(out)
+    assert {r["op"] for r in t} == {"model_prefill", "model_decode"}
+    assert all(r["eager_ms_p50"] == r["ms_p50"] and r["reps"] >= 2 for r in t)
+    gates_clean(out, capsys)
+
+
+def test_bench_loader_subcommand(tmp_path, capsys):
+    """`harness bench loader` times every loader on one synthetic checkpoint and writes one timing record per
+    loader (GB/s of checkpoint data) next to the JSON summary."""
+    out, js = tmp_path / "loader.jsonl", tmp_path / "loader.json"
+    assert main(["bench", "loader", "--size-gb", "0.01", "--d-model", "256", "--dtype", "float32", "--reps", "2",
+                 "--dir", str(tmp_path / "ckpt"), "--out", str(out), "--json", str(js)]) == 0
+    t = timings(out)
+    assert {r["impl"] for r in t} == {"harness.loader", "harness.loader tp=2 rank0", "reference.loader",
+                                      "transformers.from_pretrained"}
+    for r in t:
+        assert r["bench"] == f"loader/{r['impl']}" and r["reps"] == 2 and r["ms_p20"] <= r["ms_p50"] <= r["ms_p80"]
+        assert r["gb_s"] == pytest.approx(r["bytes"] / (r["ms_p50"] * 1e-3) / 1e9)
+    assert set(json.loads(js.read_text())["loads"]) == {r["impl"] for r in t}
+    assert main(["bench", "loader", "--size-gb", "0.001"]) == 2
+    gates_clean(out, capsys)
+
+
+# ------------------------------------------------------------------------------------------ timing module
+
+def test_cpu_budget_reaches_samples_and_time():
+    """The CPU timer samples until both the sample count and the minimum time are reached, and stops at the
+    maximum time even with fewer samples."""
+    ms = cpu_samples([lambda: None], Budget(min_reps=25, min_time=0.0))
+    assert len(ms) == 25
+    import time
+    t0 = time.perf_counter()
+    ms = cpu_samples([lambda: None], Budget(min_reps=5, min_time=0.05))
+    assert time.perf_counter() - t0 >= 0.05 and len(ms) > 5
+    ms = cpu_samples([lambda: time.sleep(0.02)], Budget(min_reps=1000, min_time=0.0, max_time=0.1, warmup=0))
+    assert 2 <= len(ms) <= 8
+
+
+def test_timing_fields_carry_eager_graph_and_host():
+    """A timing with both figures gives an eager and a graph record, each with both p50s and eager - graph."""
+    t = Timing(eager=Stats(1.0, 1.2, 1.5, 30), graph=Stats(0.7, 0.8, 0.9, 20), timer="do_bench")
+    e, g = t.fields(False), t.fields(True)
+    assert (e["ms_p50"], e["cuda_graph"], e["timer"]) == (1.2, False, "do_bench")
+    assert (g["ms_p50"], g["cuda_graph"], g["timer"], g["reps"]) == (0.8, True, "do_bench_cudagraph", 20)
+    for r in (e, g):
+        assert (r["eager_ms_p50"], r["graph_ms_p50"]) == (1.2, 0.8) and r["host_ms"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="graph"):
+        Timing(eager=Stats(1, 1, 1, 1)).fields(True)
+    with pytest.raises(ValueError, match="CUDA device"):
+        measure([lambda: None], "cpu", graph=True)
+
+
+def test_gate_keeps_eager_and_graph_apart(tmp_path, capsys):
+    """An eager and a CUDA-graph timing of one case are two gate cases: a graph regression is not hidden
+    behind the eager record of the same case (and the other way round)."""
+    def run(path, graph_ms):
+        w = RecordWriter(str(path))
+        w.write("env", env={"device": "cuda:0", "device_name": "test GPU"})
+        base = dict(bench="ssd_varlen/triton", op="ssd_varlen", impl="triton", device="cuda:0", dtype="bfloat16",
+                    shape={"T": 4096}, tokens=4096, peer=False)
+        for graph, ms in ((True, graph_ms), (False, 1.0)):
+            w.write("timing", **base, cuda_graph=graph, ms_p20=ms, ms_p50=ms, ms_p80=ms, tok_s=4096 / (ms * 1e-3))
+    run(tmp_path / "base.jsonl", 0.5)
+    run(tmp_path / "cand.jsonl", 0.9)
+    capsys.readouterr()
+    assert main(["gate", "--baseline", str(tmp_path / "base.jsonl"), "--candidate", str(tmp_path / "cand.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert "performance" in out and "cuda_graph" in out
+
+
+def test_gpu_timer_tops_up_samples_and_keeps_eager_on_capture_failure(monkeypatch):
+    """On GPUs the samples come from triton.testing (stood in for here, as this machine may have no GPU):
+    a slow call whose first do_bench pass gives 2 samples gets a second pass sized for the rest; the
+    CUDA-graph figures come from do_bench_cudagraph passes of 10 samples each; a call that cannot be
+    captured keeps its eager figures and says why."""
+    import triton.testing
+    calls = []
+
+    def do_bench(fn, warmup=25, rep=100, return_mode="mean", **kw):
+        calls.append(("eager", rep))
+        return [50.0] * max(1, int(rep / 50.0))
+
+    def do_bench_cudagraph(fn, rep=20, return_mode="mean", **kw):
+        calls.append(("graph", rep))
+        return [40.0] * 10
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", do_bench_cudagraph)
+    t = measure([lambda: None], "cuda:0", Budget(min_reps=20), graph=True)
+    assert t.eager.n == 20 and t.graph.n == 20 and t.timer == "do_bench"
+    assert calls == [("eager", 100.0), ("eager", 900.0), ("graph", 100.0), ("graph", 100.0)]
+    assert t.fields(True)["host_ms"] == pytest.approx(10.0)
+
+    def broken(fn, rep=20, return_mode="mean", **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", broken)
+    t = measure([lambda: None], "cuda:0", Budget(min_reps=2), graph=True)
+    assert t.graph is None and "stream is capturing" in t.graph_error
+    assert t.fields()["graph_error"] == t.graph_error and t.fields()["ms_p50"] == 50.0
