@@ -425,17 +425,16 @@ def speed_summary(r: Run) -> dict:
         if any_peer:
             if vp:
                 med = statistics.median(vp)
-                row.append(cell(f"{med:.2f}× (range {min(vp):.2f}–{max(vp):.2f}, {len(vp)} cases)",
-                                "pass" if med >= 1 else "warn"))
+                row.append(cell(f"{med:.2f}× ({min(vp):.2f}–{max(vp):.2f})", "pass" if med >= 1 else "warn",
+                                f"median, min–max over the {len(vp)} cases where a peer was timed"))
             else:
                 row.append(cell("—", "muted", "no peer timed at these cases"))
         pc = d["pct"]
         row.append(cell(f"{statistics.median(pc):.3g}% (max {max(pc):.3g}%)" if pc else "—",
-                        "" if pc else "muted"))
+                        "" if pc else "muted", "median over the cases (max)"))
         row.append(cell(d["errors"], "fail" if d["errors"] else "muted"))
         rows.append(row)
-    cols = ["implementation", "cases"] + (["× best peer (median)"] if any_peer else []) + \
-        ["% copy BW (median)", "errors"]
+    cols = ["implementation", "cases"] + (["× best peer"] if any_peer else []) + ["% copy BW", "errors"]
     return {"columns": cols, "rows": rows,
             "errors": sum(d["errors"] for d in by.values())}
 
