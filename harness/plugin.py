@@ -199,7 +199,7 @@ def _test_ops(item, names: set) -> set:
     return found
 
 
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(config, items):
     ops = config.getoption("op")
     if ops:
         from harness.ops import SPECS
