@@ -141,26 +141,30 @@ def _case_text(d: dict) -> str:
     return f"{verdict} {d['n'] - d['failed']}/{d['n']} · worst {worst}"
 
 
+DTYPE_ORDER = ("float32", "float64", "bfloat16", "float16")
+
+
 def correctness_matrix(r: Run) -> dict:
-    """Rows op, columns implementation; each cell lists the dtypes with verdict and worst error."""
+    """One row per (op, implementation) compared, one column per dtype: verdict, comparisons passed and
+    the worst error as a multiple of the dtype's tolerance."""
     cases = _cases(r)
-    impls = sorted({k[1] for k in cases}, key=lambda i: (i.startswith("reference"), i))
-    ops = sorted({k[0] for k in cases})
+    dtypes = sorted({k[2] for k in cases}, key=lambda d: (DTYPE_ORDER.index(d) if d in DTYPE_ORDER else 9, d))
+    pairs = sorted({k[:2] for k in cases}, key=lambda p: (p[0], p[1].startswith("reference"), p[1]))
     rows = []
-    for op in ops:
-        cells = []
-        for impl in impls:
-            entries = []
-            for (o, i, dt), d in sorted(cases.items()):
-                if o == op and i == impl:
-                    entries.append({"dtype": SHORT_DTYPES.get(dt, dt), "text": _case_text(d),
-                                    "cls": "fail" if d["failed"] else "pass",
-                                    "title": f"{op} · {impl} · {dt}: {d['n'] - d['failed']}/{d['n']} comparisons "
-                                             f"pass; worst error ratio ‖a−b‖/‖b‖ {fmt(d['worst'])}"})
-            cells.append(entries)
-        rows.append({"op": op, "cells": cells})
+    for op, impl in pairs:
+        row = [cell(op, "strong"), cell(impl)]
+        for dt in dtypes:
+            d = cases.get((op, impl, dt))
+            if d is None:
+                row.append(cell("—", "muted", "not compared"))
+                continue
+            row.append(cell(_case_text(d), "fail" if d["failed"] else "pass",
+                            f"{op} · {impl} · {dt}: {d['n'] - d['failed']}/{d['n']} comparisons pass; worst error "
+                            f"ratio ‖a−b‖/‖b‖ {fmt(d['worst'])}"))
+        rows.append(row)
     n_fail = sum(1 for d in cases.values() if d["failed"])
-    return {"impls": impls, "rows": rows, "n_cases": len(cases), "n_fail": n_fail}
+    return {"columns": ["op", "implementation"] + [SHORT_DTYPES.get(d, d) for d in dtypes], "rows": rows,
+            "n_cases": len(cases), "n_fail": n_fail}
 
 
 def accuracy_matrix(runs: list[Run]) -> dict:
@@ -430,11 +434,11 @@ def speed_summary(r: Run) -> dict:
             else:
                 row.append(cell("—", "muted", "no peer timed at these cases"))
         pc = d["pct"]
-        row.append(cell(f"{statistics.median(pc):.3g}% (max {max(pc):.3g}%)" if pc else "—",
+        row.append(cell(f"{statistics.median(pc):.3g} (max {max(pc):.3g})" if pc else "—",
                         "" if pc else "muted", "median over the cases (max)"))
         row.append(cell(d["errors"], "fail" if d["errors"] else "muted"))
         rows.append(row)
-    cols = ["implementation", "cases"] + (["× best peer"] if any_peer else []) + ["% copy BW", "errors"]
+    cols = ["implementation", "cases"] + (["× best peer"] if any_peer else []) + ["% copy BW (median)", "errors"]
     return {"columns": cols, "rows": rows,
             "errors": sum(d["errors"] for d in by.values())}
 
