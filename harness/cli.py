@@ -65,9 +65,10 @@ def _compared_ops(results: str) -> list[str]:
     return ops
 
 
-def suite_command(args, root: str, results: str, outcomes: str, bench_step: bool) -> list[str]:
-    """The suite step's pytest command. pytest-benchmark does not time under xdist: with workers, suites/bench
-    is left to the bench step (which times the same declared cases), and suites/bench alone runs without."""
+def suite_command(args, root: str, results: str, outcomes: str) -> list[str]:
+    """The suite step's pytest command. pytest-benchmark does not time under xdist: with workers the benchmark
+    suite's timed tests skip with one line (the bench step times the same declared cases without xdist), and
+    suites/bench alone runs without xdist, timed."""
     suites = [s for s in args.suites.split(",") if s]
     bench_suite = os.path.join(root, "suites", "bench")
     workers = args.workers if args.workers is not None else min(2, os.cpu_count() or 1)
@@ -81,8 +82,6 @@ def suite_command(args, root: str, results: str, outcomes: str, bench_step: bool
         cmd += ["-k", args.keyword]
     if all(_inside(os.path.join(root, s), bench_suite) for s in suites):
         workers = 1
-    elif workers > 1 and bench_step and any(_inside(bench_suite, os.path.join(root, s)) for s in suites):
-        cmd += ["--ignore", bench_suite]
     if workers > 1:
         cmd += ["-n", str(workers)]  # pytest-xdist; records of all workers land in the one results file
     return cmd
@@ -110,7 +109,7 @@ def cmd_run(args) -> int:
     def step(name: str, what: str) -> None:
         print(f"\nharness run [{steps.index(name) + 1}/{len(steps)}] {name}: {what}", flush=True)
 
-    cmd = suite_command(args, root, results, outcomes, "bench" in steps)
+    cmd = suite_command(args, root, results, outcomes)
     env = dict(os.environ, HARNESS_RUN_ID=run_id, HF_HUB_OFFLINE="1")
     step("suites", " ".join(cmd[1:]))
     rc = subprocess.call(cmd, cwd=root, env=env)

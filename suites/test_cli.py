@@ -135,18 +135,16 @@ def _ns(**kw):
     return argparse.Namespace(**d)
 
 
-def test_run_leaves_the_bench_suite_to_the_bench_step_under_xdist():
-    """pytest-benchmark does not time under xdist: with workers and a bench step, `harness run` keeps
-    suites/bench out of the xdist suite step; suites/bench alone runs without xdist; -k/--op/--impl pass on."""
-    bench = os.path.join(ROOT, "suites", "bench")
-    cmd = suite_command(_ns(workers=2, op=["ssd_varlen"], keyword="triton", impl=["torch"]), ROOT, "r", "o", True)
-    assert cmd[cmd.index("--ignore") + 1] == bench and cmd[cmd.index("-n") + 1] == "2"
+def test_run_times_the_bench_suite_without_xdist():
+    """pytest-benchmark does not time under xdist: `harness run --suites suites/bench` runs it without xdist
+    (timed) whatever --workers says; other suites get the workers; -k/--op/--impl and the outcomes file pass on."""
+    cmd = suite_command(_ns(workers=2, op=["ssd_varlen"], keyword="triton", impl=["torch"]), ROOT, "r", "o")
+    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--impl") + 1] == "torch"
     assert cmd[cmd.index("--op") + 1] == "ssd_varlen" and cmd[cmd.index("-k") + 1] == "triton"
     assert cmd[cmd.index("--outcomes") + 1] == "o" and "-rs" in cmd
-    assert "--ignore" not in suite_command(_ns(workers=2), ROOT, "r", "o", False)
-    alone = suite_command(_ns(workers=2, suites="suites/bench"), ROOT, "r", "o", True)
-    assert "-n" not in alone and "--ignore" not in alone
-    assert "-n" not in suite_command(_ns(workers=1), ROOT, "r", "o", True)
+    for suites in ("suites/bench", "suites/bench/test_bench_ops.py,suites/bench/test_bench_framework.py"):
+        assert "-n" not in suite_command(_ns(workers=2, suites=suites), ROOT, "r", "o"), suites
+    assert "-n" not in suite_command(_ns(workers=1), ROOT, "r", "o")
 
 
 def _ops(path, kind):
