@@ -1,15 +1,46 @@
-"""Device selection: `auto`, `cpu`, `cuda`, `xpu` (XPU paths follow torch.xpu; not verified on hardware)."""
+"""Device selection: `auto`, `cpu`, `cuda`, `xpu` (XPU paths follow torch.xpu; not verified on hardware).
+
+Every command takes `--device {auto,cpu,cuda,xpu}` with `auto` as the default (cuda, else xpu, else cpu).
+A device the machine lacks is a usage error with one line of reason and exit code 4 (pytest's exit
+code for a usage error): the same line from `pytest --device`, `harness run|bench|selftest|impls` and
+`python -m harness.engine.throughput`.
+"""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
 CHOICES = ("auto", "cpu", "cuda", "xpu")
+DEFAULT = "auto"
+EXIT_NO_DEVICE = 4  # pytest.ExitCode.USAGE_ERROR
+HELP = "device to run on (default: auto = cuda, else xpu, else cpu; a device this machine lacks is exit 4)"
 
 
 class DeviceUnavailable(RuntimeError):
     pass
+
+
+def add_device_arg(parser, default: str = DEFAULT) -> None:
+    """The `--device` option, the same in every command."""
+    parser.add_argument("--device", default=default, choices=CHOICES, help=HELP)
+
+
+def resolve_or_exit(device: str, prog: str) -> str:
+    """`resolve(device)`, or print `<prog>: error: <reason>` (one line) to stderr and exit 4."""
+    try:
+        return resolve(device)
+    except DeviceUnavailable as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_NO_DEVICE) from None
+
+
+def prepare(device: str) -> None:
+    """Process set-up for a resolved device kind: on the CPU, Triton kernels run through its interpreter
+    (TRITON_INTERPRET=1 must be set before any @triton.jit definition is executed)."""
+    if device.split(":")[0] == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _xpu_available() -> bool:

@@ -4,11 +4,18 @@ Options
   --device {auto,cpu,cuda,xpu}   where the implementations run (a device the machine lacks is a usage error)
   --impl NAME                    repeatable; a registered name or `module:object`; default: every
                                  registered implementation usable on the device
+  --op NAME                      repeatable; keep only the tests that compare these ops (an op name of
+                                 harness.ops found in the test's id or code); default: every test
   --profile {ci,dev,nightly}     hypothesis profile (ci is the default)
   --results PATH                 append one JSONL record per comparison (see harness.records)
   --outcomes PATH                append one JSONL line per finished test (node id, outcome, seconds, the
                                  failure's last line) as it finishes: a run killed by a time limit still
                                  says what failed and why (pytest's own summary only comes at the end)
+
+Output
+  A skip says one line of reason (hypothesis' "Falsifying explicit example" note on a skipped example is
+  dropped). Under pytest-xdist, pytest-benchmark cannot time: tests that take its `benchmark` fixture skip
+  with one line saying so (run `pytest suites/bench` without -n, or `harness bench`, to time).
 
 Fixtures
   device   the torch device string for this worker (e.g. "cpu", "cuda:0")
@@ -34,6 +41,8 @@ def pytest_addoption(parser):
                 help="device the implementations run on (default: auto = cuda, else xpu, else cpu)")
     g.addoption("--impl", action="append", default=None, metavar="NAME",
                 help="implementation to test (repeatable; a registered name or module:object)")
+    g.addoption("--op", action="append", default=None, metavar="NAME",
+                help="keep only the tests that compare this op (repeatable; an op name of harness.ops)")
     g.addoption("--profile", action="store", default="ci", choices=PROFILES,
                 help="hypothesis profile: ci (fast, default), dev, nightly (deep)")
     g.addoption("--results", action="store", default=None, metavar="PATH",
@@ -156,6 +165,71 @@ def pytest_runtest_logreport(report):
         import json
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+XDIST_BENCH_SKIP = ("pytest-benchmark does not time under pytest-xdist (-n): run `pytest suites/bench` without -n, "
+                    "or `harness bench`, to time")
+
+
+def _xdist_active(config) -> bool:
+    return (config.getoption("dist", "no") or "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def _test_ops(item, names: set) -> set:
+    """The op names a test compares: named in its id, or a string constant of its function (directly or
+    through a module-level name it uses, e.g. `OP = "gated_rms_norm"`)."""
+    found = {n for n in names if n in item.nodeid}
+    fn = getattr(item, "function", None)
+    fn = getattr(getattr(fn, "hypothesis", None), "inner_test", fn)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        consts, used = set(), set()
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            consts.update(x for x in c.co_consts if isinstance(x, str))
+            used.update(c.co_names)
+            stack.extend(x for x in c.co_consts if hasattr(x, "co_consts"))
+        found |= names & consts
+        module = getattr(item, "module", None)
+        for name in used:
+            v = getattr(module, name, None)
+            if isinstance(v, str) and v in names:
+                found.add(v)
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    ops = config.getoption("op")
+    if ops:
+        from harness.ops import SPECS
+        unknown = sorted(set(ops) - set(SPECS))
+        if unknown:
+            raise pytest.UsageError(f"--op: expected op names of harness.ops {sorted(SPECS)}, got {unknown}")
+        keep, drop = [], []
+        for item in items:
+            (keep if _test_ops(item, set(SPECS)) & set(ops) else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    if _xdist_active(config):
+        mark = pytest.mark.skip(reason=XDIST_BENCH_SKIP)
+        for item in items:
+            if "benchmark" in getattr(item, "fixturenames", ()):
+                item.add_marker(mark)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip's reason is one line: hypothesis appends its multi-line "Falsifying explicit example" note
+    (the whole example's repr) to a skip raised inside an explicit @example."""
+    report = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        path, lineno, reason = report.longrepr
+        lines = [ln for ln in str(reason).splitlines() if ln.strip()]
+        if len(lines) > 1:
+            report.longrepr = (path, lineno, lines[0])
+    return report
 
 
 def pytest_report_header(config):

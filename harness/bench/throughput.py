@@ -197,13 +197,14 @@ def hf_throughput(cfg, device, dtype, prefill: int, batch: int, *, reps: int, wa
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m harness.bench.throughput", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="harness bench throughput", description=__doc__.splitlines()[0])
     add_args(p)
     return p
 
 
 def add_args(p):
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, xpu or e.g. cuda:1 (default auto; a device "
+                                                 "this machine lacks is exit 4)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model shapes (overrides --family etc.)")
     p.add_argument("--family", choices=families.names(), default="mamba1")
     p.add_argument("--layers", type=int, default=64)
@@ -249,11 +250,13 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from harness.devices import resolve
-    from harness.impls import registry
+    from harness.devices import CHOICES, prepare, resolve_or_exit
     device = args.device
-    if device in ("auto", "cpu", "cuda", "xpu"):
-        device = resolve(device)
+    kind = resolve_or_exit(device.split(":")[0] if device.split(":")[0] in CHOICES else device,
+                           "harness bench throughput")
+    device = kind if device in CHOICES else device
+    prepare(kind)
+    from harness.impls import registry
     for name in ("layers", "d_model", "prefill", "decode_batch", "reps"):
         v = getattr(args, name)
         if v < 1:

@@ -1,9 +1,12 @@
 """`harness report RUN [RUN ...] -o reports/NAME.html`: one self-contained HTML page comparing runs.
 
-The first RUN is the baseline. A RUN is a results .jsonl, a run folder or a pytest-benchmark JSON
-(see harness.report.runs). The page has: a summary (with a gate of every later run against the
-baseline), the accuracy matrix, failing cases with their reproduce command and minimal
-counterexample, tok/s tables with speedups, inline SVG charts and the environment difference.
+The first RUN is the baseline, the last the candidate; three or more make a history (oldest first) with a
+trend view. A RUN is a results .jsonl, a run folder or a pytest-benchmark JSON (see
+harness.report.runs). The first screen holds the verdict (the gate's), the failing implementation x op x
+dtype cases with their worst error, the regressions against the baseline counted by kind and the speed
+against the best peer and the copy-bandwidth roofline; then the correctness matrix, the regressions
+grouped by kind, op and implementation (collapsed), failing cases with their reproduce command, tok/s
+tables and charts, the trend, skipped tests with their reasons and the environment (harness.report.build).
 It is written to a temp file in the target folder and renamed, so no partial HTML is ever left.
 """
 from __future__ import annotations
@@ -27,6 +30,14 @@ def render_html(runs: list[Run], title: str = "ssm-harness report") -> str:
     return env.get_template("report.html.j2").render(**build_context(runs, title))
 
 
+def default_title(runs: list[Run]) -> str:
+    if len(runs) == 1:
+        return f"ssm-harness report: {runs[0].label}"
+    if len(runs) == 2:
+        return f"ssm-harness report: {runs[1].label} against {runs[0].label}"
+    return f"ssm-harness report: {len(runs)} runs, {runs[0].label} to {runs[-1].label}"
+
+
 def write_report(paths: list[str], out: str, *, title: str | None = None,
                  allow_cross_device: bool = False) -> str:
     """Load RUNs, render, write atomically to `out`; returns the absolute path. Raises RunError/ValueError."""
@@ -36,7 +47,7 @@ def write_report(paths: list[str], out: str, *, title: str | None = None,
         raise RunError(f"-o: expected an output path ending in .html, got {out!r}")
     runs = load_runs(paths)
     check_same_device(runs, allow_cross_device)
-    html = render_html(runs, title or f"ssm-harness report: {', '.join(r.label for r in runs)}")
+    html = render_html(runs, title or default_title(runs))
     out = os.path.abspath(out)
     d = os.path.dirname(out)
     os.makedirs(d, exist_ok=True)

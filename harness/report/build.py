@@ -1,19 +1,32 @@
-"""Turn loaded runs into the report's context: tables (as cell grids for the jinja2 template) and charts.
+"""Turn loaded runs into the report's context: a first screen that answers the questions, then the detail.
 
+The first screen (`summary`): the verdict (the gate's: never "pass" over a failure, and "no comparisons" when
+there were none), the (implementation x op x dtype) cases that fail with their worst error, what regressed
+against the baseline counted by kind, and how fast each implementation is against the best peer and the
+copy-bandwidth roofline. Below it: the correctness matrix, the regressions grouped by kind -> op ->
+implementation (collapsed `<details>`, counts first), failing cases with reproduce commands, performance
+tables and charts (tok/s against length, one fixed colour per implementation, p20-p80 spread bars), a
+trend over many runs, skipped tests with their reasons, and the environment.
+
+The first run is the baseline, the last one the candidate; runs are named by short aliases in table
+headers ("baseline", "candidate"; #1..#N for a history), with their full labels in the runs legend.
 Table model: {"columns": [str], "rows": [[cell]]} where a cell is {"text", "cls", "title"}.
 """
 from __future__ import annotations
 
+import json
 import math
-from collections import defaultdict
+import os
+import statistics
+import time
+from collections import Counter, defaultdict
 
-import pandas as pd
-
-from harness.gate import GateConfig, comparison_group, gate_runs, timing_key
+from harness.gate import GATING_KINDS, GateConfig, comparison_group, comparison_key, fmt_key, gate_runs, timing_key
 from harness.report.runs import Run, num, shape_key
-from harness.report.svg import LineChart
+from harness.report.svg import LineChart, impl_color
 
-LENGTH_KEYS = ("T", "L", "B", "S", "tokens", "batch", "seqlen")
+LENGTH_KEYS = ("T", "L", "seqlen", "tokens", "prefill")
+SHORT_DTYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def cell(text, cls: str = "", title: str = "") -> dict:
@@ -52,81 +65,122 @@ def _shape_text(shape) -> str:
     return shape_key(shape)
 
 
-# --------------------------------------------------------------------------------------- summary
-
-def summary(runs: list[Run], gates: list) -> dict:
-    cols = ["run", "run id", "device", "device name", "git sha", "profile", "comparisons", "failed",
-            "timings", "gate vs baseline"]
-    rows = []
-    for i, r in enumerate(runs):
-        n_fail = sum(1 for c in r.comparisons if c.get("verdict") != "pass")
-        g = gates[i - 1] if i else None
-        if g is None:
-            gcell = cell("baseline", "muted")
-        else:
-            n = len(g.regressions)
-            gcell = cell("PASS" if n == 0 else f"FAIL: {n} regression(s)", "pass" if n == 0 else "fail")
-        rows.append([cell(r.label, "strong"), cell(r.run_id), cell(r.device_kind), cell(r.device_name),
-                     cell((r.env.get("git_sha") or "-")[:14]), cell(r.env.get("profile", "-")),
-                     cell(len(r.comparisons)), cell(n_fail, "fail" if n_fail else "pass"),
-                     cell(len(r.timings)), gcell])
-    return {"columns": cols, "rows": rows}
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def gate_findings(gates: list) -> list[dict]:
+# --------------------------------------------------------------------------------------- runs legend
+
+def aliases(runs: list[Run]) -> list[str]:
+    """Short names for table headers: 'this run'; 'baseline'/'candidate'; '#1 (baseline)' .. '#N'."""
+    if len(runs) == 1:
+        return ["this run"]
+    if len(runs) == 2:
+        return ["baseline", "candidate"]
+    return ["#1"] + [f"#{i + 1}" for i in range(1, len(runs))]
+
+
+def _run_time(r: Run) -> str:
+    ts = [num(x.get("time")) for x in r.comparisons + r.timings if num(x.get("time"))]
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(min(ts))) + " UTC" if ts else "-"
+
+
+def _git(r: Run) -> str:
+    sha = r.env.get("git_sha")
+    if not sha:
+        for e in r.envs:
+            if e.get("git_sha"):
+                sha = e["git_sha"]
+                break
+    if not sha:
+        v = r.env.get("harness")
+        return f"unknown (harness {v})" if v else "unknown"
+    dirty = sha.endswith("-dirty")
+    return sha[:10] + (" (dirty)" if dirty else "")
+
+
+def run_legend(runs: list[Run]) -> list[dict]:
+    names = aliases(runs)
     out = []
-    for g in gates:
-        rows = [[cell(f.kind, "fail"), cell(f.key), cell(fmt(f.baseline) if not isinstance(f.baseline, str) else f.baseline),
-                 cell(fmt(f.candidate) if not isinstance(f.candidate, str) else f.candidate), cell(f.detail)]
-                for f in g.regressions]
-        out.append({"baseline": g.baseline, "candidate": g.candidate, "n": len(g.regressions),
-                    "table": {"columns": ["finding", "case", "baseline", "candidate", "detail"], "rows": rows}})
+    for i, (r, a) in enumerate(zip(runs, names)):
+        n_fail = sum(1 for c in r.comparisons if c.get("verdict") != "pass")
+        role = "baseline" if (i == 0 and len(runs) > 1) else ("candidate" if i == len(runs) - 1 and len(runs) > 1 else "")
+        out.append({"alias": a, "role": role, "label": r.label, "run_id": r.run_id, "device": r.device_kind,
+                    "device_name": r.device_name, "git": _git(r), "profile": r.env.get("profile", "-"),
+                    "when": _run_time(r), "comparisons": len(r.comparisons), "failed": n_fail,
+                    "timings": len(r.timings), "sources": r.sources})
     return out
 
 
-# --------------------------------------------------------------------------------------- accuracy
+# --------------------------------------------------------------------------------------- correctness
 
-def _comparisons_frame(runs: list[Run]) -> pd.DataFrame:
+def _cases(r: Run) -> dict:
+    """(op, impl, dtype) -> {n, failed, worst error ratio, worst multiple of the tolerance ratio}."""
+    out: dict = {}
+    for c in r.comparisons:
+        k = (c.get("op") or "-", c.get("impl") or "-", c.get("dtype") or "-")
+        d = out.setdefault(k, {"n": 0, "failed": 0, "worst": None, "worst_tol": None})
+        d["n"] += 1
+        d["failed"] += c.get("verdict") != "pass"
+        err = num(c.get("err_ratio"))
+        tol = num((c.get("tolerance") or {}).get("ratio"))
+        if err is not None and math.isnan(err):
+            err = math.inf
+        if err is not None and (d["worst"] is None or err > d["worst"]):
+            d["worst"] = err
+        if err is not None and tol:
+            m = err / tol
+            if d["worst_tol"] is None or m > d["worst_tol"]:
+                d["worst_tol"] = m
+    return out
+
+
+def _case_text(d: dict) -> str:
+    worst = f"{fmt(d['worst_tol'], 2)}× tol" if d["worst_tol"] is not None else f"err {fmt(d['worst'], 2)}"
+    verdict = "FAIL" if d["failed"] else "pass"
+    return f"{verdict} {d['n'] - d['failed']}/{d['n']} · worst {worst}"
+
+
+DTYPE_ORDER = ("float32", "float64", "bfloat16", "float16")
+
+
+def correctness_matrix(r: Run) -> dict:
+    """One row per (op, implementation) compared, one column per dtype: verdict, comparisons passed and
+    the worst error as a multiple of the dtype's tolerance."""
+    cases = _cases(r)
+    dtypes = sorted({k[2] for k in cases}, key=lambda d: (DTYPE_ORDER.index(d) if d in DTYPE_ORDER else 9, d))
+    pairs = sorted({k[:2] for k in cases}, key=lambda p: (p[0], p[1].startswith("reference"), p[1]))
     rows = []
-    for r in runs:
-        for c in r.comparisons:
-            err = num(c.get("err_ratio"))
-            tol = num((c.get("tolerance") or {}).get("ratio"))
-            rows.append({"run": r.label, "device": r.device_kind, "op": c.get("op") or "-",
-                         "impl": c.get("impl") or "-", "dtype": c.get("dtype") or "-",
-                         "failed": c.get("verdict") != "pass",
-                         "err": err if err is not None else float("nan"),
-                         "err_of_tol": (err / tol) if (err is not None and tol) else float("nan")})
-    return pd.DataFrame(rows, columns=["run", "device", "op", "impl", "dtype", "failed", "err", "err_of_tol"])
+    for op, impl in pairs:
+        row = [cell(op, "strong"), cell(impl)]
+        for dt in dtypes:
+            d = cases.get((op, impl, dt))
+            if d is None:
+                row.append(cell("—", "muted", "not compared"))
+                continue
+            row.append(cell(_case_text(d), "fail" if d["failed"] else "pass",
+                            f"{op} · {impl} · {dt}: {d['n'] - d['failed']}/{d['n']} comparisons pass; worst error "
+                            f"ratio ‖a−b‖/‖b‖ {fmt(d['worst'])}"))
+        rows.append(row)
+    n_fail = sum(1 for d in cases.values() if d["failed"])
+    return {"columns": ["op", "implementation"] + [SHORT_DTYPES.get(d, d) for d in dtypes], "rows": rows,
+            "n_cases": len(cases), "n_fail": n_fail}
 
 
 def accuracy_matrix(runs: list[Run]) -> dict:
-    df = _comparisons_frame(runs)
-    labels = [f"{r.label} ({r.device_kind})" for r in runs]
-    cols = ["op", "implementation", "dtype"] + labels
-    if df.empty:
-        return {"columns": cols, "rows": []}
-    agg = (df.groupby(["op", "impl", "dtype", "run"], sort=True)
-             .agg(n=("failed", "size"), failed=("failed", "sum"), worst=("err", "max"),
-                  worst_of_tol=("err_of_tol", "max"))
-             .reset_index())
+    """Flat table (op, implementation, dtype, one column per run): the detail behind the matrix."""
+    names = aliases(runs)
+    per_run = [_cases(r) for r in runs]
+    keys = sorted(set().union(*per_run))
     rows = []
-    for (op, impl, dtype), sub in agg.groupby(["op", "impl", "dtype"], sort=True):
-        row = [cell(op, "strong"), cell(impl), cell(dtype)]
-        by_run = {rr["run"]: rr for _, rr in sub.iterrows()}
-        for r in runs:
-            rr = by_run.get(r.label)
-            if rr is None:
-                row.append(cell("—", "muted", "no comparisons in this run"))
-                continue
-            n, nf = int(rr["n"]), int(rr["failed"])
-            verdict = "pass" if nf == 0 else "FAIL"
-            tol_txt = f" ({fmt(rr['worst_of_tol'], 2)}× tol)" if not math.isnan(rr["worst_of_tol"]) else ""
-            row.append(cell(f"{verdict} {n - nf}/{n} · worst {fmt(rr['worst'], 2)}{tol_txt}",
-                            "pass" if nf == 0 else "fail",
-                            "worst error ratio ||a-b||/||b|| and its multiple of the dtype's tolerance ratio"))
+    for k in keys:
+        row = [cell(k[0], "strong"), cell(k[1]), cell(k[2])]
+        for cases in per_run:
+            d = cases.get(k)
+            row.append(cell("—", "muted", "no comparisons in this run") if d is None else
+                       cell(_case_text(d), "fail" if d["failed"] else "pass"))
         rows.append(row)
-    return {"columns": cols, "rows": rows}
+    return {"columns": ["op", "implementation", "dtype"] + names, "rows": rows}
 
 
 def _numel(shapes) -> int:
@@ -154,9 +208,12 @@ def default_reproduce(c: dict, run: Run) -> str:
 
 
 def failing_cases(runs: list[Run]) -> list[dict]:
-    """Per run: failing comparison groups, each with its minimal counterexample (smallest shapes) first."""
+    """The candidate's (then the baseline's) failing comparison groups, each with its minimal
+    counterexample (smallest shapes) first."""
+    names = aliases(runs)
     out = []
-    for r in runs:
+    for i in [len(runs) - 1] + ([0] if len(runs) > 1 else []):
+        alias, r = names[i], runs[i]
         groups = defaultdict(list)
         for c in r.comparisons:
             if c.get("verdict") != "pass":
@@ -177,126 +234,326 @@ def failing_cases(runs: list[Run]) -> list[dict]:
                 "counterexample": m.get("counterexample") or m.get("example"),
                 "reproduce": m.get("reproduce") or default_reproduce(m, r),
             })
-        out.append({"run": r.label, "cases": cases})
+        out.append({"run": alias, "label": r.label, "cases": cases})
     return out
+
+
+# --------------------------------------------------------------------------------------- regressions
+
+def _key_index(runs: list[Run]) -> dict:
+    """A finding's key (gate.fmt_key of a comparison or timing key) -> (op, impl)."""
+    idx = {}
+    for r in runs:
+        for c in r.comparisons:
+            idx[fmt_key(comparison_key(c))] = (c.get("op") or "-", c.get("impl") or "-")
+        for t in r.timings:
+            idx[fmt_key(timing_key(t))] = (t.get("op") or "-", t.get("impl") or "-")
+    return idx
+
+
+def _val(v) -> str:
+    return v if isinstance(v, str) else fmt(v)
+
+
+def regression_groups(gate, runs: list[Run]) -> dict:
+    """The gate's findings that gate, grouped kind -> (op, impl), counts first (largest group first)."""
+    idx = _key_index(runs)
+    by_kind: dict = defaultdict(lambda: defaultdict(list))
+    for f in gate.regressions:
+        by_kind[f.kind][idx.get(f.key, ("-", "-"))].append(f)
+    kinds = []
+    for kind in GATING_KINDS:
+        groups = by_kind.get(kind)
+        if not groups:
+            continue
+        gl = []
+        for (op, impl), fs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            rows = [[cell(f.key, "key"), cell(_val(f.baseline)), cell(_val(f.candidate)), cell(f.detail)]
+                    for f in sorted(fs, key=lambda f: f.key)]
+            gl.append({"op": op, "impl": impl, "n": len(fs),
+                       "table": {"columns": ["case", "baseline", "candidate", "detail"], "rows": rows}})
+        kinds.append({"kind": kind, "n": sum(g["n"] for g in gl), "groups": gl})
+    kinds.sort(key=lambda k: -k["n"])
+    s = gate.stats
+    return {"n": len(gate.regressions), "kinds": kinds,
+            "counts": ", ".join(f"{k['n']} {k['kind']}" for k in kinds),
+            "stats": f"{s.get('comparisons_matched', 0)} of {s.get('comparisons_baseline', 0)} baseline comparison "
+                     f"cases matched, {s.get('timings_matched', 0)} of {s.get('timings_baseline', 0)} timings; "
+                     f"{s.get('still_failing', 0)} still failing, {s.get('improved', 0)} improved, "
+                     f"{s.get('new_cases', 0)} new cases"}
 
 
 # --------------------------------------------------------------------------------------- performance
 
-def _timings_frame(runs: list[Run]) -> pd.DataFrame:
-    rows = []
-    for r in runs:
-        for t in r.timings:
-            rows.append({"run": r.label, "key": timing_key(t), "bench": t.get("bench"), "op": t.get("op") or "-",
-                         "impl": t.get("impl") or "-", "dtype": t.get("dtype") or "-",
-                         "shape": _shape_text(t.get("shape")), "shape_raw": t.get("shape"),
-                         "tokens": num(t.get("tokens")), "tok_s": num(t.get("tok_s")),
-                         "ms_p20": num(t.get("ms_p20")), "ms_p50": num(t.get("ms_p50")),
-                         "ms_p80": num(t.get("ms_p80")), "gb_s": num(t.get("gb_s")),
-                         "pct": num(t.get("pct_copy_bw")), "peer": bool(t.get("peer")), "error": t.get("error"),
-                         "graph": bool(t.get("cuda_graph"))})
-    return pd.DataFrame(rows)
-
-
-def _speed(row) -> float | None:
-    if row is None:
+def _speed(t: dict | None) -> float | None:
+    """tok/s, else GB/s, else 1/ms (the gate's throughput order)."""
+    if t is None or t.get("error"):
         return None
     for k in ("tok_s", "gb_s"):
-        v = row.get(k)
-        if v is not None and not (isinstance(v, float) and math.isnan(v)) and v > 0:
+        v = num(t.get(k))
+        if _finite(v) and v > 0:
             return v
-    ms = row.get("ms_p50")
-    return 1.0 / ms if ms else None
+    ms = num(t.get("ms_p50"))
+    return 1.0 / ms if _finite(ms) and ms > 0 else None
+
+
+def _tokens(t: dict) -> float | None:
+    v = num(t.get("tokens"))
+    if _finite(v) and v > 0:
+        return v
+    shape = t.get("shape") if isinstance(t.get("shape"), dict) else {}
+    for k in LENGTH_KEYS:
+        if isinstance(shape.get(k), (int, float)) and shape[k] > 0:
+            return float(shape[k])
+    return None
+
+
+def _tok_s(t: dict, ms_key: str = "ms_p50") -> float | None:
+    if ms_key == "ms_p50":
+        v = num(t.get("tok_s"))
+        if _finite(v) and v > 0:
+            return v
+    n, ms = _tokens(t), num(t.get(ms_key))
+    return n / (ms * 1e-3) if n and _finite(ms) and ms > 0 else None
+
+
+def _peer_key(t: dict) -> tuple:
+    return (t.get("op"), t.get("dtype"), shape_key(t.get("shape")), bool(t.get("cuda_graph")))
+
+
+def best_peers(r: Run) -> dict:
+    """(op, dtype, shape, cuda_graph) -> the fastest peer timing of run `r` there."""
+    best: dict = {}
+    for t in r.timings:
+        if t.get("peer") and _speed(t):
+            k = _peer_key(t)
+            if k not in best or _speed(t) > _speed(best[k]):
+                best[k] = t
+    return best
+
+
+def _impl_name(t: dict) -> str:
+    return (t.get("impl") or "-") + (" [graph]" if t.get("cuda_graph") else "")
 
 
 def perf_tables(runs: list[Run]) -> list[dict]:
-    df = _timings_frame(runs)
-    if df.empty:
-        return []
-    labels = [r.label for r in runs]
-    base = labels[0]
-    by = {(row["run"], row["key"]): row for row in df.to_dict("records")}
+    """Per op: one row per case of the candidate (and the baseline's cases it lacks), columns for the
+    candidate's figures, the baseline's tok/s and the speedup when there is a baseline, x best peer when
+    the candidate timed peers at that case."""
+    names = aliases(runs)
+    last, base = runs[-1], (runs[0] if len(runs) > 1 else None)
+    lt = {timing_key(t): t for t in last.timings}
+    bt = {timing_key(t): t for t in base.timings} if base else {}
+    peers = best_peers(last)
     out = []
-    for op in sorted(df["op"].unique()):
-        sub = df[df["op"] == op]
-        tokens = {k: (sub[sub["key"] == k]["tokens"].max() or 0) for k in set(sub["key"])}
-        peer_of = {k: bool(any(by.get((lb, k), {}).get("peer") for lb in labels)) for k in tokens}
-        # one block per (dtype, shape): our implementations first, then the peers, side by side
-        keys = sorted(tokens, key=lambda k: (str(k[3]), 0 if math.isnan(tokens[k]) else tokens[k], str(k[4]),
-                                             peer_of[k], str(k[2])))
-        cols = ["impl", "dtype", "shape"]
-        for lb in labels:
-            cols += [f"{lb}: tok/s", f"{lb}: ms p50 [p20–p80]", f"{lb}: GB/s", f"{lb}: % copy BW"]
-        cols += [f"{lb}: × {base}" for lb in labels[1:]]
-        cols += [f"{labels[-1]}: × best peer"]
+    for op in sorted({k[1] or "-" for k in list(lt) + list(bt)}):
+        keys = [k for k in lt if (k[1] or "-") == op] + [k for k in bt if (k[1] or "-") == op and k not in lt]
+        any_rec = {k: lt.get(k) or bt.get(k) for k in keys}
+        keys.sort(key=lambda k: (str(k[3]), _tokens(any_rec[k]) or 0, str(any_rec[k].get("shape")),
+                                 bool(any_rec[k].get("peer")), str(k[2]), bool(any_rec[k].get("cuda_graph"))))
+        has_peer_col = any(not (lt.get(k) or {}).get("peer") and _peer_key(lt[k]) in peers for k in keys if k in lt)
+        cols = ["implementation", "dtype", "shape"]
+        if base:
+            cols += [f"tok/s {names[0]}", f"tok/s {names[-1]}", f"× {names[0]}"]
+        else:
+            cols += ["tok/s"]
+        cols += ["ms p50 [p20–p80]", "GB/s", "% copy BW"]
+        if has_peer_col:
+            cols += ["× best peer"]
         rows = []
         for k in keys:
-            any_row = next(by[(lb, k)] for lb in labels if (lb, k) in by)
-            peer = any_row["peer"]
-            row = [cell(any_row["impl"] + (" (peer)" if peer else "") + (" [graph]" if any_row["graph"] else ""),
-                        "muted" if peer else "strong"),
-                   cell(any_row["dtype"]), cell(any_row["shape"])]
-            for lb in labels:
-                t = by.get((lb, k))
-                if t is None:
-                    row += [cell("—", "muted")] * 4
-                    continue
-                err = t.get("error")
-                if isinstance(err, str) and err:  # pandas turns a missing error into NaN, which is truthy
-                    row += [cell("error", "fail", err[:300])] + [cell("—", "muted")] * 3
-                    continue
-                row += [cell(fmt_rate(t["tok_s"])),
-                        cell(f"{fmt(t['ms_p50'])} [{fmt(t['ms_p20'])}–{fmt(t['ms_p80'])}]"),
-                        cell(fmt(t["gb_s"])), cell(fmt(t["pct"]))]
-            b = _speed(by.get((base, k)))
-            for lb in labels[1:]:
-                c = _speed(by.get((lb, k)))
-                if b and c:
-                    s = c / b
+            t, b = lt.get(k), bt.get(k)
+            a = t or b
+            peer = bool(a.get("peer"))
+            row = [cell(_impl_name(a) + (" (peer)" if peer else ""), "muted" if peer else "strong",
+                        "a third-party kernel" if peer else ""),
+                   cell(a.get("dtype") or "-"), cell(_shape_text(a.get("shape")), "shape")]
+            if base:
+                row.append(cell(fmt_rate(_tok_s(b)) if b else "—", "" if b else "muted",
+                                "" if b else "not timed in the baseline"))
+            if t is None:
+                row.append(cell("—", "muted", f"not timed in the {names[-1]}"))
+            elif t.get("error"):
+                row.append(cell("error", "fail", str(t["error"])))
+            else:
+                row.append(cell(fmt_rate(_tok_s(t))))
+            if base:
+                sb, sc = _speed(b), _speed(t)
+                if sb and sc:
+                    s = sc / sb
                     row.append(cell(f"{s:.2f}×", "pass" if s >= 0.95 else "fail"))
                 else:
                     row.append(cell("—", "muted"))
-            last = labels[-1]
-            me = by.get((last, k))
-            peers = [by[(last, kk)] for kk in keys
-                     if (last, kk) in by and by[(last, kk)]["peer"] and kk[1] == k[1] and kk[3] == k[3]
-                     and kk[4] == k[4]]
-            if me is not None and not me["peer"] and peers:
-                best = max(peers, key=lambda p: _speed(p) or 0)
-                s = (_speed(me) or 0) / (_speed(best) or math.inf)
-                row.append(cell(f"{s:.2f}× {best['impl']}", "pass" if s >= 1 else "warn"))
+            if t is None or t.get("error"):
+                row += [cell("—", "muted")] * 3
             else:
-                row.append(cell("—", "muted"))
+                row += [cell(f"{fmt(t.get('ms_p50'))} [{fmt(t.get('ms_p20'))}–{fmt(t.get('ms_p80'))}]"),
+                        cell(fmt(t.get("gb_s"))), cell(fmt(t.get("pct_copy_bw")))]
+            if has_peer_col:
+                p = peers.get(_peer_key(t)) if t is not None and not peer else None
+                if p is not None and _speed(t) and _speed(p):
+                    s = _speed(t) / _speed(p)
+                    row.append(cell(f"{s:.2f}× {p.get('impl')}", "pass" if s >= 1 else "warn"))
+                else:
+                    row.append(cell("—", "muted"))
             rows.append(row)
         out.append({"op": op, "table": {"columns": cols, "rows": rows}})
     return out
 
 
+def speed_summary(r: Run) -> dict:
+    """Per implementation of run `r` (peers too): cases timed, x best peer (median, min-max over the cases
+    where a peer was timed), % of copy bandwidth (median, max), errors."""
+    peers = best_peers(r)
+    by: dict = defaultdict(lambda: {"n": 0, "vs_peer": [], "pct": [], "errors": 0, "peer": False})
+    for t in r.timings:
+        if t.get("op") == "copy":
+            continue
+        d = by[_impl_name(t)]
+        d["n"] += 1
+        d["peer"] = d["peer"] or bool(t.get("peer"))
+        if t.get("error"):
+            d["errors"] += 1
+            continue
+        pct = num(t.get("pct_copy_bw"))
+        if _finite(pct):
+            d["pct"].append(pct)
+        p = peers.get(_peer_key(t))
+        if p is not None and not t.get("peer") and _speed(t) and _speed(p):
+            d["vs_peer"].append(_speed(t) / _speed(p))
+    rows = []
+    any_peer = any(d["vs_peer"] for d in by.values())
+    for name, d in sorted(by.items(), key=lambda kv: (kv[1]["peer"], kv[0])):
+        vp = d["vs_peer"]
+        row = [cell(name + (" (peer)" if d["peer"] else ""), "muted" if d["peer"] else "strong"), cell(d["n"])]
+        if any_peer:
+            if vp:
+                med = statistics.median(vp)
+                row.append(cell(f"{med:.2f}× ({min(vp):.2f}–{max(vp):.2f})", "pass" if med >= 1 else "warn",
+                                f"median, min–max over the {len(vp)} cases where a peer was timed"))
+            else:
+                row.append(cell("—", "muted", "no peer timed at these cases"))
+        pc = d["pct"]
+        row.append(cell(f"{statistics.median(pc):.3g} (max {max(pc):.3g})" if pc else "—",
+                        "" if pc else "muted", "median over the cases (max)"))
+        row.append(cell(d["errors"], "fail" if d["errors"] else "muted"))
+        rows.append(row)
+    cols = ["implementation", "cases"] + (["× best peer"] if any_peer else []) + ["% copy BW (median)", "errors"]
+    return {"columns": cols, "rows": rows,
+            "errors": sum(d["errors"] for d in by.values())}
+
+
+def _chart_x(t: dict) -> float | None:
+    return _tokens(t)
+
+
 def perf_charts(runs: list[Run]) -> list[dict]:
-    df = _timings_frame(runs)
-    if df.empty:
-        return []
-    df = df[df["tokens"].notna()]
+    """Per (op, dtype): tok/s against tokens, one colour per implementation in every chart (dashed: the
+    baseline's), p20-p80 spread bars; and % of copy bandwidth against tokens."""
+    names = aliases(runs)
+    show = [(names[0], runs[0], True), (names[-1], runs[-1], False)] if len(runs) > 1 else [(names[0], runs[0], False)]
+    groups: dict = defaultdict(list)
+    for alias, r, is_base in show:
+        for t in r.timings:
+            if t.get("op") == "copy" or t.get("error") or _chart_x(t) is None:
+                continue
+            groups[(t.get("op") or "-", t.get("dtype") or "-")].append((alias, is_base, t))
     charts = []
-    multi = len(runs) > 1
-    for (op, dtype), sub in df.groupby(["op", "dtype"], sort=True):
-        series = defaultdict(list)
-        for t in sub.to_dict("records"):
-            other = {k: v for k, v in (t["shape_raw"] or {}).items() if k not in LENGTH_KEYS} \
-                if isinstance(t["shape_raw"], dict) else {}
-            name = (f"{t['run']}: " if multi else "") + t["impl"] + (" (peer)" if t["peer"] else "")
-            if other:
-                name += " " + _shape_text(other)
-            series[name].append(t)
-        tok = LineChart(f"{op} {dtype}: tok/s vs length", "tokens", "tok/s", log_x=True)
-        roof = LineChart(f"{op} {dtype}: % of copy bandwidth", "tokens", "% of copy BW", log_x=True)
-        for name, ts in sorted(series.items()):
-            tok.add_series(name, [(t["tokens"], t["tok_s"]) for t in ts])
-            roof.add_series(name, [(t["tokens"], t["pct"]) for t in ts])
+    for (op, dtype), items in sorted(groups.items()):
+        series: dict = defaultdict(list)
+        for alias, is_base, t in items:
+            shape = t.get("shape") if isinstance(t.get("shape"), dict) else {}
+            other = {k: v for k, v in shape.items() if k not in LENGTH_KEYS}
+            name = _impl_name(t) + (" (peer)" if t.get("peer") else "")
+            if len(show) > 1:
+                name = f"{name} · {alias}"
+            series[(t.get("impl") or "-", bool(t.get("cuda_graph")), is_base, name, _shape_text(other))].append(t)
+        # a dimension other than length that varies within one implementation's series splits it
+        tok_vals = [v for ts in series.values() for v in (_tok_s(t) for t in ts) if v]
+        log_y = bool(tok_vals) and max(tok_vals) / min(tok_vals) > 50
+        tok = LineChart(f"{op} · {dtype}: tok/s against tokens", "tokens", "tok/s", log_x=True, log_y=log_y)
+        roof = LineChart(f"{op} · {dtype}: % of copy bandwidth", "tokens", "% of copy BW", log_x=True)
+        multi_shape = defaultdict(set)
+        for (impl, graph, is_base, name, other) in series:
+            multi_shape[(impl, graph, is_base)].add(other)
+        for (impl, graph, is_base, name, other), ts in sorted(series.items(), key=lambda kv: kv[0][3:]):
+            label = name + (f" [{other}]" if len(multi_shape[(impl, graph, is_base)]) > 1 and other else "")
+            dash = "6 3" if is_base else ("2 2" if graph else "")
+            color = impl_color(impl)
+            pts = [(_chart_x(t), _tok_s(t)) for t in ts]
+            spread = [(_chart_x(t), _tok_s(t, "ms_p80"), _tok_s(t, "ms_p20")) for t in ts]
+            tok.add_series(label, pts, color=color, dash=dash, spread=spread)
+            roof.add_series(label, [(_chart_x(t), num(t.get("pct_copy_bw"))) for t in ts], color=color, dash=dash)
         svgs = [c.to_svg() for c in (tok, roof) if c]
         if svgs:
             charts.append({"title": f"{op} · {dtype}", "svgs": svgs})
     return charts
+
+
+def trend(runs: list[Run]) -> dict | None:
+    """With three runs or more (a nightly history, oldest first): per op, tok/s of each implementation at
+    the op's largest case timed in most runs, against the run; and comparisons passed/failed per run."""
+    if len(runs) < 3:
+        return None
+    names = aliases(runs)
+    charts = []
+    by_op: dict = defaultdict(lambda: defaultdict(dict))  # op -> timing key -> run index -> record
+    for i, r in enumerate(runs):
+        for t in r.timings:
+            if t.get("op") != "copy" and not t.get("error") and _speed(t):
+                by_op[t.get("op") or "-"][timing_key(t)][i] = t
+    for op, keys in sorted(by_op.items()):
+        by_impl: dict = defaultdict(list)
+        for k, per_run in keys.items():
+            by_impl[(k[2] or "-", k[3])].append((len(per_run), _tokens(next(iter(per_run.values()))) or 0, str(k), k))
+        ch = LineChart(f"{op}: tok/s (else GB/s) per run, largest case", "run", "throughput", y_min=0)
+        for (impl, dtype), cands in sorted(by_impl.items()):
+            _, _, _, k = max(cands)
+            per_run = keys[k]
+            sample = next(iter(per_run.values()))
+            ch.add_series(f"{_impl_name(sample)} {dtype} {_shape_text(sample.get('shape'))}",
+                          [(i + 1, _speed(t)) for i, t in sorted(per_run.items())], color=impl_color(impl),
+                          dash="" if not sample.get("peer") else "4 2")
+        if ch:
+            charts.append(ch.to_svg())
+    rows = []
+    for a, r in zip(names, runs):
+        n = len(r.comparisons)
+        nf = sum(1 for c in r.comparisons if c.get("verdict") != "pass")
+        rows.append([cell(a, "strong"), cell(r.label), cell(_run_time(r)), cell(_git(r)), cell(n),
+                     cell(nf, "fail" if nf else ("pass" if n else "muted")), cell(len(r.timings))])
+    return {"charts": charts, "table": {"columns": ["run", "label", "when", "git", "comparisons", "failed",
+                                                    "timings"], "rows": rows}}
+
+
+# --------------------------------------------------------------------------------------- skipped
+
+def _outcome_files(r: Run) -> list[str]:
+    folders = {r.path if os.path.isdir(r.path) else os.path.dirname(r.path)}
+    return [os.path.join(d, "outcomes.jsonl") for d in sorted(folders) if os.path.isfile(os.path.join(d, "outcomes.jsonl"))]
+
+
+def skipped(runs: list[Run]) -> list[dict]:
+    """Per run with an `outcomes.jsonl` (the suites' --outcomes file): skipped tests grouped by reason."""
+    out = []
+    for alias, r in zip(aliases(runs), runs):
+        reasons: dict = defaultdict(list)
+        for path in _outcome_files(r):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        o = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if o.get("outcome") == "skipped":
+                        why = (str(o.get("why") or "").strip().splitlines() or ["(no reason given)"])[0]
+                        why = why.removeprefix("Skipped: ")
+                        reasons[why].append(o.get("nodeid", "?"))
+        if reasons:
+            groups = [{"reason": why, "n": len(ids), "tests": sorted(ids)}
+                      for why, ids in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+            out.append({"run": alias, "label": r.label, "n": sum(g["n"] for g in groups), "groups": groups})
+    return out
 
 
 # --------------------------------------------------------------------------------------- environment
@@ -310,20 +567,60 @@ def env_diff(runs: list[Run]) -> dict:
     diff_rows, same_rows = [], []
     for k in keys:
         vals = [r.env.get(k) for r in runs]
-        texts = ["-" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else str(v)) for v in vals]
+        texts = ["-" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else
+                                        json.dumps(v) if isinstance(v, dict) else str(v)) for v in vals]
         differs = len(set(texts)) > 1
         row = [cell(k, "strong")] + [cell(t, "warn" if differs else "") for t in texts]
         (diff_rows if differs else same_rows).append(row)
-    cols = ["key"] + [r.label for r in runs]
+    cols = ["key"] + aliases(runs)
     return {"differ": {"columns": cols, "rows": diff_rows}, "same": {"columns": cols, "rows": same_rows}}
+
+
+# --------------------------------------------------------------------------------------- verdict
+
+def verdict(runs: list[Run], gate, bench_errors: int) -> dict:
+    """The headline, consistent with the gate: FAIL when the candidate has failing comparisons, the gate
+    found regressions or a benchmark raised; 'no comparisons' (not pass) when the candidate made none."""
+    names = aliases(runs)
+    last = runs[-1]
+    n = len(last.comparisons)
+    nf = sum(1 for c in last.comparisons if c.get("verdict") != "pass")
+    problems = []
+    if nf:
+        problems.append(f"{nf} of {n} comparisons fail")
+    if gate is not None and gate.regressions:
+        by = Counter(f.kind for f in gate.regressions)
+        problems.append(f"{len(gate.regressions)} regression(s) against the {names[0]} ("
+                        + ", ".join(f"{v} {k}" for k, v in by.most_common()) + ")")
+    if bench_errors:
+        problems.append(f"{bench_errors} benchmark case(s) raised")
+    where = f" in the {names[-1]}" if len(runs) > 1 else ""
+    if problems:
+        return {"cls": "fail", "text": "FAIL: " + "; ".join(problems)}
+    if n == 0:
+        gate_txt = "; gate clean" if gate is not None else ""
+        return {"cls": "none", "text": f"NO COMPARISONS{where}: correctness was not checked "
+                                       f"({len(last.timings)} timings){gate_txt}"}
+    gate_txt = f"; no regressions against the {names[0]}" if gate is not None else ""
+    return {"cls": "pass", "text": f"PASS: all {n} comparisons pass{where}{gate_txt}"}
 
 
 def build_context(runs: list[Run], title: str, cfg: GateConfig | None = None) -> dict:
     cfg = cfg or GateConfig(allow_cross_device=True)
-    gates = [gate_runs(runs[0], r, cfg) for r in runs[1:]]
+    gate = gate_runs(runs[0], runs[-1], cfg) if len(runs) > 1 else None
+    speed = speed_summary(runs[-1])
+    matrix = correctness_matrix(runs[-1])
+    regs = regression_groups(gate, runs) if gate is not None else None
+    skips = skipped(runs)
+    failing_now = [(o, i, dt, d) for (o, i, dt), d in sorted(_cases(runs[-1]).items()) if d["failed"]]
+    cross = len({r.device_id for r in runs}) > 1
     return {
-        "title": title, "runs": runs, "summary": summary(runs, gates), "gates": gate_findings(gates),
-        "accuracy": accuracy_matrix(runs), "failing": failing_cases(runs), "perf": perf_tables(runs),
-        "charts": perf_charts(runs), "env": env_diff(runs),
-        "n_failing": sum(1 for r in runs for c in r.comparisons if c.get("verdict") != "pass"),
+        "title": title, "runs": run_legend(runs), "aliases": aliases(runs), "cross_device": cross,
+        "verdict": verdict(runs, gate, speed["errors"]),
+        "failing_now": [{"op": o, "impl": i, "dtype": dt, "text": _case_text(d)} for o, i, dt, d in failing_now],
+        "matrix": matrix, "accuracy": accuracy_matrix(runs), "regressions": regs, "speed": speed,
+        "failing": failing_cases(runs),
+        "perf": perf_tables(runs), "charts": perf_charts(runs), "trend": trend(runs),
+        "skipped": skips, "n_skipped": sum(s["n"] for s in skips if s["label"] == runs[-1].label),
+        "env": env_diff(runs),
     }
