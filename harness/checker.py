@@ -54,7 +54,7 @@ class Checker:
         return c
 
 
-def _uses_tf32(impl: str) -> bool:
+def _uses_tf32(impl) -> bool:
     from harness.impls.registry import all_impls
-    i = all_impls().get(impl)
+    i = impl if hasattr(impl, "fp32_matmul") else all_impls().get(str(impl))
     return i is not None and getattr(i, "fp32_matmul", "ieee") == "tf32"

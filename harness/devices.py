@@ -3,7 +3,7 @@
 Every command takes `--device {auto,cpu,cuda,xpu}` with `auto` as the default (cuda, else xpu, else cpu).
 A device the machine lacks is a usage error with one line of reason and exit code 4 (pytest's exit
 code for a usage error): the same line from `pytest --device`, `harness run|bench|selftest|impls` and
-`python -m harness.engine.throughput`.
+`harness bench throughput`.
 """
 from __future__ import annotations
 

@@ -52,9 +52,9 @@ def test_missing_device_is_one_exit_4_line_in_every_command(tmp_path, capsys):
         assert err.strip().splitlines() == [f"harness {argv[0]}: error: {reason}"], err
         assert "ESCAPED" not in out and "Traceback" not in err
     assert not (tmp_path / "run").exists()
-    r = _py(["-m", "harness.engine.throughput", "--device", "cuda", "--layers", "1", "--d-model", "8"])
+    r = _py(["-m", "harness.bench.throughput", "--device", "cuda", "--layers", "1", "--d-model", "8"])
     assert r.returncode == 4, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines() == [f"python -m harness.engine.throughput: error: {reason}"], r.stderr
+    assert r.stderr.strip().splitlines() == [f"harness bench throughput: error: {reason}"], r.stderr
     from harness.selftest import main as selftest_main
     with pytest.raises(SystemExit) as ex:
         selftest_main(argparse.Namespace(list=False, impl="reference", variant=None, max_examples=1, seconds=1.0,
@@ -66,7 +66,7 @@ def test_device_defaults_to_auto_everywhere():
     """Every command that takes --device defaults to auto (cuda, else xpu, else cpu), the throughput tool too."""
     for cmd in ("run", "bench", "selftest", "impls"):
         assert build_parser([cmd]).parse_args([cmd]).device == "auto", cmd
-    from harness.engine.throughput import build_parser as tp_parser
+    from harness.bench.throughput import build_parser as tp_parser
     assert tp_parser().parse_args([]).device == "auto"
 
 
@@ -81,7 +81,7 @@ def test_selftest_table_says_when_the_unbroken_engine_fails_too():
 
 # --------------------------------------------------------------------------------------- 3: CLI
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--help"], ["bench", "--help"],
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--help"],
                                   ["selftest", "--help"], ["impls", "--help"], ["gate", "--help"],
                                   ["report", "--help"]])
 def test_help_and_version_import_no_torch(argv):

@@ -98,7 +98,7 @@ def test_families_branch_scan_sees_branches(snippet, caught):
 
 def test_families_engine_mixers_import_no_reference_mixer():
     """The engine's family modules import nothing of a reference mixer: no reference family module, no
-    reference.mixers / reference.models (the registry helper of reference.families is all they take)."""
+    reference.mixers / reference.models (the registry class of reference.families is all they take)."""
     banned = ("reference.mixers", "reference.models", "reference.families.")
     bad = []
     for path in sorted((ROOT / "harness/engine/families").glob("*.py")):
