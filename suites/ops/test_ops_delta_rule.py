@@ -375,3 +375,29 @@ def test_validators_are_the_contracts():
     assert DC.validate_kda_update(kq, kq, v, torch.zeros(6, 4, 3), torch.zeros(6, 4), torch.zeros(6, 4, 5, 3),
                                   torch.arange(6)) == (6, 4, 4, 3, 5)
     assert {"gated_delta_rule_varlen", "gated_delta_rule_update", "kda_varlen", "kda_update"} <= set(DC.OP_NAMES)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_varlen_request_isolation(impl, kind, value, device, check):
+    """A non-finite value in one request's tokens never reaches another request's output or final state:
+    the chunk grid pads with selected zeros, never with another request's values times a zero mask.
+    (Three requests of 3, 5 and 4 tokens, chunks of 8; the first is poisoned: padding positions of a
+    gathered grid point at token 0, which is its.)"""
+    from harness.impls.optest import poisoned, run_isolation_case
+    name, _ = op_of(impl, kind, "varlen", torch.float32)
+    lengths, Hk, H, K, V = [3, 5, 4], 1, 2 if kind == "gdn" else 1, 4, 3
+    T = sum(lengths)
+    q, k, v, g, beta = activations(kind, gen(7), T, Hk, H, K, V, torch.float32, device, True, False)
+    rows = range(0, 3)
+    keep = torch.tensor([t >= 3 for t in range(T)])
+
+    def case(poison):
+        p = (lambda t: poisoned(t, rows, value)) if poison else (lambda t: t.clone())
+        return [p(q), p(k), p(v), p(g), p(beta), make_pool(4, (H, V, K), torch.float32, device, seed=7),
+                qsl_from(lengths, device), torch.tensor([1, 2, 3], dtype=torch.int32, device=device),
+                torch.tensor([True, True, False], device=device)]
+    with chunk_size(kind, 8, impl):
+        run_isolation_case(check, impl, name, case(False), case(True), dict(use_qk_l2norm=True), pool_pos=5,
+                           keep_rows=keep, keep_slots=[2, 3], untouched_slots=[0], dtype=torch.float32,
+                           what=f"{value} in the first request's tokens")

@@ -31,6 +31,26 @@ def scatter_final(pool: torch.Tensor, idx: torch.Tensor, live: torch.Tensor, fin
         pool[idx[live]] = final[live].to(pool.dtype)
 
 
+def chunk_grid(starts: list, lens: list, device):
+    """A padded grid of a chunk table's chunks: (ln, tok, valid) with ln (nc,) the chunk lengths, tok (nc, Lc)
+    each position's token (0 where padding), valid (nc, Lc) the real positions; Lc = the longest chunk."""
+    Lc = max(lens)
+    st = torch.tensor(starts, dtype=torch.int64, device=device)
+    ln = torch.tensor(lens, dtype=torch.int64, device=device)
+    ar = torch.arange(Lc, device=device)
+    valid = ar[None, :] < ln[:, None]
+    tok = torch.where(valid, st[:, None] + ar[None, :], torch.zeros_like(valid, dtype=torch.int64))
+    return ln, tok, valid
+
+
+def padded_rows(t: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor, cd) -> torch.Tensor:
+    """t's rows at `tok` in the compute dtype, zeros where not `valid` — selected, never multiplied by a 0
+    mask, so another request's NaN or inf cannot reach this one."""
+    g = t.to(cd)[tok]
+    keep = valid.reshape(valid.shape + (1,) * (g.dim() - valid.dim()))
+    return torch.where(keep, g, torch.zeros((), dtype=cd, device=g.device))
+
+
 def softplus(x: torch.Tensor) -> torch.Tensor:
     return torch.logaddexp(x, torch.zeros_like(x))
 

@@ -25,7 +25,7 @@ import torch
 
 from harness.impls.registry import provides
 from harness import ops as C
-from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, slots
+from harness.impls.torch._util import chunk_grid, compute_dtype, emit, gather_init, padded_rows, scatter_final, slots
 from harness.impls.torch.ssd import chunk_table
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
@@ -89,18 +89,15 @@ def _varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, 
     nc = len(starts)
     if nc:
         Lc = max(lens)
-        st = torch.tensor(starts, dtype=torch.int64, device=dev)
-        ln = torch.tensor(lens, dtype=torch.int64, device=dev)
-        ar = torch.arange(Lc, device=dev)
-        valid = ar[None, :] < ln[:, None]  # (nc, Lc)
-        tok = torch.where(valid, st[:, None] + ar[None, :], torch.zeros_like(valid, dtype=torch.int64))
-        vm = valid.to(cd)[:, :, None]  # (nc, Lc, 1)
+        _, tok, valid = chunk_grid(starts, lens, dev)  # (nc, Lc) each
 
         qp, kp = _prep_qk(q, k, scale, use_qk_l2norm, H // Hk, cd)
-        grid = lambda t, m: (t[tok] * (m if t.dim() == 2 else m[..., None])).transpose(1, 2)  # (nc, H, Lc, ..)
-        qs, ks, vs = grid(qp, vm), grid(kp, vm), grid(v.to(cd), vm)
-        bt = grid(beta.to(cd), vm)  # (nc, H, Lc)
-        gs = grid(g.to(cd), vm)  # (nc, H, Lc) or (nc, H, Lc, K); 0 on padding: b stays flat there
+
+        def grid(t):  # (nc, H, Lc, ..): rows of `tok`, zeros (selected, not another request's values) at padding
+            return padded_rows(t, tok, valid, cd).transpose(1, 2)
+        qs, ks, vs = grid(qp), grid(kp), grid(v)
+        bt = grid(beta)  # (nc, H, Lc)
+        gs = grid(g)  # (nc, H, Lc) or (nc, H, Lc, K); 0 on padding: b stays flat there
         b = torch.cumsum(gs, dim=2)
         bk = b if kind == "kda" else b[..., None]  # broadcastable over K
         E = torch.exp(bk)  # (nc, H, Lc, K|1)

@@ -23,7 +23,8 @@ import torch
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots, softplus
+from harness.impls.torch._util import (compute_dtype, emit, gather_init, padded_rows, scatter_final, silu, slots,
+                                       softplus)
 
 ELEMENT_BUDGET = 1 << 22
 MAX_CHUNK = 64
@@ -64,8 +65,7 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         zero = torch.zeros((), dtype=cd, device=dev)
 
         def gather(t):  # rows of `tok`, zeros (not another request's values) at padding positions
-            g = t.to(cd)[tok]
-            return torch.where(valid.reshape(valid.shape + (1,) * (g.dim() - 2)), g, zero)
+            return padded_rows(t, tok, valid, cd)
 
         dtp = gather(dt)  # (S, Lpad, Dm)
         xp = dtp * gather(u)  # dt * u

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from harness import ops as C_
 from harness.impls.registry import provides
+from harness.impls.torch._util import chunk_grid, padded_rows
 
 __all__ = ["ssd_varlen", "effective_dt", "chunk_table"]
 
@@ -87,16 +88,11 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
     nc = len(starts)
     if nc:
         Lc = max(lens)
-        st = torch.tensor(starts, dtype=torch.int64, device=dev)
-        ln = torch.tensor(lens, dtype=torch.int64, device=dev)
-        ar = torch.arange(Lc, device=dev)
-        valid = ar[None, :] < ln[:, None]  # (nc, Lc)
-        tok = torch.where(valid, st[:, None] + ar[None, :], torch.zeros_like(valid, dtype=torch.int64))
+        ln, tok, valid = chunk_grid(starts, lens, dev)  # (nc,), (nc, Lc), (nc, Lc)
         zero = torch.zeros((), dtype=cd, device=dev)
 
         def gather(t):  # rows of `tok`, zeros (not another request's values) at padding positions
-            g = t.to(cd)[tok]
-            return torch.where(valid.reshape(valid.shape + (1,) * (g.dim() - 2)), g, zero)
+            return padded_rows(t, tok, valid, cd)
 
         hpg = H // G
         xs = gather(x)  # (nc, Lc, H, P)
