@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from functools import partial
+
 from harness.ops import _inputs as I
 from harness.ops._checks import ACT_DTYPES as _ACT_DTYPES
 from harness.ops._checks import PAD_SLOT_ID, check_disjoint_slots, check_flags
@@ -17,6 +19,7 @@ from harness.ops._checks import check_out as _check_out
 from harness.ops._checks import check_qsl as _check_qsl
 from harness.ops._checks import same_device as _same_device
 from reference.delta_rule import check_options, check_shapes, check_state_shape
+from harness.ops.spec import OpSpec
 from reference.validate import check_tensor, fail
 
 
@@ -159,3 +162,33 @@ def bad_inputs(kind):
             k["v"] = torch.cat([k["v"], k["v"][:, :1]], dim=1)
         m.append(("value heads not a multiple of key heads", "k", heads))
     return tuple(m)
+
+
+# ------------------------------------------------------------------------------ the four specs
+
+VARLEN_ARGS = ("q", "k", "v", "g", "beta", "ssm_states", "query_start_loc", "cache_indices", "has_initial_state")
+UPDATE_ARGS = ("q", "k", "v", "g", "beta", "ssm_states", "state_indices")
+
+
+def make_spec(kind: str, varlen: bool, name: str, doc: str, shapes: dict) -> OpSpec:
+    """The spec of one of the four ops: `kind` "gdn" or "kda", the prefill (`varlen`) or decode form."""
+    if varlen:
+        def validate(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale=None,
+                     use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+            """Returns (T, Hk, Hv, K, V, S)."""
+            return _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
+                                    has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
+    else:
+        def validate(q, k, v, g, beta, ssm_states, state_indices, scale=None, use_qk_l2norm=False,
+                     pad_slot_id=PAD_SLOT_ID, out=None):
+            """Returns (B, Hk, Hv, K, V)."""
+            return _validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
+                                    pad_slot_id, out)
+    validate.__name__ = validate.__qualname__ = f"validate_{name}"
+    return OpSpec(
+        name=name, args=VARLEN_ARGS if varlen else UPDATE_ARGS,
+        options=dict(scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None),
+        pool="ssm_states", index="cache_indices" if varlen else "state_indices",
+        validate=validate, reference=partial(reference_varlen if varlen else reference_update, kind),
+        inputs=partial(inputs, kind, varlen), bytes=partial(nbytes, varlen=varlen), flops=flops,
+        tokens=I.tokens_T if varlen else I.tokens_B, shapes=shapes, bad_inputs=bad_inputs(kind), doc=doc)

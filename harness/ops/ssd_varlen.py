@@ -64,7 +64,6 @@ def inputs(shape, dtype, device, gen):
     qsl = I.seqs(T, S, device)
     S = qsl.numel() - 1
     idx, init = I.slots(shape, S, device)
-    full = shape.get("optional", True)
     Dshape = (H, P) if shape.get("D_per_channel") else (H,)
     return dict(x=I.rand(gen, device, T, H, P, dtype=dtype),
                 dt=I.rand(gen, device, T, H, dtype=dtype, scale=0.5, shift=-3),
