@@ -23,6 +23,14 @@ def sequences(cu_seqlens, num_tokens: int) -> list[tuple[int, int]]:
     return list(zip(cu[:-1], cu[1:]))
 
 
+def start_state(initial_states, s: int, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """Sequence s's state before its first token: a copy of initial_states[s], or zeros of `shape` (in
+    `like`'s dtype and device) when there are no initial states."""
+    if initial_states is None:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return initial_states[s].clone()
+
+
 def check_float(arg: str, t, shape=None, ndim=None, optional: bool = False) -> None:
     """A floating-point tensor argument of the given shape (None entries = any size)."""
     check_tensor(arg, t, ndim=ndim, shape=shape, floating=True, optional=optional)

@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from reference._common import check_float, check_same_device, sequences
+from reference._common import check_float, check_same_device, sequences, start_state
 from reference.validate import check_same_dtype, check_tensor, fail
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_chunked", "gated_delta_rule_update",
@@ -157,10 +157,7 @@ def _recurrence(kind, q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens, initia
     o = torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
     final_states = torch.empty((len(seqs), Hv, V, K), dtype=v.dtype, device=v.device)
     for s, (start, end) in enumerate(seqs):
-        if initial_states is None:
-            S = torch.zeros((Hv, V, K), dtype=v.dtype, device=v.device)
-        else:
-            S = initial_states[s].clone()
+        S = start_state(initial_states, s, (Hv, V, K), v)
         for t in range(start, end):
             S = _decayed(S, g[t])
             u = beta[t][:, None] * (v[t] - torch.einsum("hvk,hk->hv", S, k[t]))  # (Hv, V)
@@ -229,10 +226,7 @@ def _chunked(kind, q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens, initial_s
     o = torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
     final_states = torch.empty((len(seqs), Hv, V, K), dtype=v.dtype, device=v.device)
     for s, (start, end) in enumerate(seqs):
-        if initial_states is None:
-            S = torch.zeros((Hv, V, K), dtype=v.dtype, device=v.device)
-        else:
-            S = initial_states[s].clone()
+        S = start_state(initial_states, s, (Hv, V, K), v)
         for c0 in range(start, end, chunk_size):
             c1 = min(c0 + chunk_size, end)  # the sequence's last chunk may be shorter
             o[c0:c1], S = _chunk(q[c0:c1], k[c0:c1], v[c0:c1], gk[c0:c1], beta[c0:c1], S)

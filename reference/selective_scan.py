@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from reference._common import check_float, check_same_device, sequences, silu, softplus
+from reference._common import check_float, check_same_device, sequences, silu, softplus, start_state
 from reference.validate import check_divides, check_same_dtype, fail
 
 __all__ = ["selective_scan", "selective_state_update"]
@@ -81,10 +81,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, *, delta_bias=None, delta_
     y = torch.empty_like(u)
     final_states = torch.empty((S, Dm, N), dtype=u.dtype, device=u.device)
     for s, (start, end) in enumerate(seqs):
-        if initial_states is None:
-            h = torch.zeros((Dm, N), dtype=u.dtype, device=u.device)
-        else:
-            h = initial_states[s].clone()
+        h = start_state(initial_states, s, (Dm, N), u)
         for t in range(start, end):
             dt = delta[t] if delta_bias is None else delta[t] + delta_bias
             if delta_softplus:

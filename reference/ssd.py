@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from reference._common import (check_dt_limit, check_float, check_same_device, sequences, silu,
-                               softplus)
+                               softplus, start_state)
 from reference.validate import check_divides, check_same_dtype, fail
 
 __all__ = ["ssd_scan", "ssd_chunked", "ssd_state_update"]
@@ -104,10 +104,7 @@ def ssd_scan(x, dt, A, B, C, D=None, z=None, *, dt_bias=None, dt_softplus=True,
     y = torch.empty_like(x)
     final_states = torch.empty((len(seqs), H, P, N), dtype=x.dtype, device=x.device)
     for s, (start, end) in enumerate(seqs):
-        if initial_states is None:
-            h = torch.zeros((H, P, N), dtype=x.dtype, device=x.device)
-        else:
-            h = initial_states[s].clone()
+        h = start_state(initial_states, s, (H, P, N), x)
         for t in range(start, end):
             Bt = B[t].repeat_interleave(heads_per_group, dim=0)  # (H, N)
             Ct = C[t].repeat_interleave(heads_per_group, dim=0)
@@ -167,10 +164,7 @@ def ssd_chunked(x, dt, A, B, C, D=None, z=None, *, dt_bias=None, dt_softplus=Tru
     y = torch.empty_like(x)
     final_states = torch.empty((len(seqs), H, P, N), dtype=x.dtype, device=x.device)
     for s, (start, end) in enumerate(seqs):
-        if initial_states is None:
-            h = torch.zeros((H, P, N), dtype=x.dtype, device=x.device)
-        else:
-            h = initial_states[s].clone()
+        h = start_state(initial_states, s, (H, P, N), x)
         for c0 in range(start, end, chunk_size):
             c1 = min(c0 + chunk_size, end)
             yc, h = _ssd_chunk(x[c0:c1], dts[c0:c1], A, Bh[c0:c1], Ch[c0:c1], h)
