@@ -19,13 +19,6 @@ from harness.ops import SPECS
 from harness.ops import _inputs as I
 from harness.ops._inputs import GIB, MIB
 
-_rand, _seqs, _tokens_T = I.rand, I.seqs, I.tokens_T
-
-
-def _slots(S: int, device):
-    return I.slots({}, S, device)
-
-
 # ------------------------------------------------------------------------------------------- contract ops
 
 for _spec in SPECS.values():  # every op of the contract, with its spec's builder, shapes and token count
@@ -77,7 +70,7 @@ def mamba2_mixer(ops: dict):
 
 
 
-@register_inputs("mamba2_mixer", tokens=_tokens_T, level="model",
+@register_inputs("mamba2_mixer", tokens=I.tokens_T, level="model",
                  requires=("causal_conv1d_varlen", "ssd_varlen", "gated_rms_norm"), compose=mamba2_mixer, shapes={
     "cpu": [dict(T=64, d_model=64, H=4, P=32, G=1, N=16, K=4, chunk=32),
             dict(T=256, d_model=64, H=4, P=32, G=1, N=16, K=4, chunk=32)],
@@ -89,14 +82,14 @@ def mamba2_mixer_inputs(shape, dtype, device, gen):
     di = H * P
     conv_dim = di + 2 * G * N
     s = 1 / math.sqrt(dm)
-    qsl = _seqs(T, 1, device)
-    idx, init = _slots(1, device)
-    return dict(hidden=_rand(gen, device, T, dm, dtype=dtype),
-                w_in=_rand(gen, device, dm, 2 * di + 2 * G * N + H, dtype=dtype, scale=s),
-                w_conv=_rand(gen, device, conv_dim, K, dtype=dtype, scale=0.5), w_conv_bias=_rand(gen, device, conv_dim, dtype=dtype, scale=0.1),
-                w_A=-torch.exp(_rand(gen, device, H, scale=0.5)), w_D=_rand(gen, device, H), w_dt_bias=_rand(gen, device, H, scale=0.1),
-                w_norm=_rand(gen, device, di, dtype=dtype, scale=0.1, shift=1.0),
-                w_out=_rand(gen, device, di, dm, dtype=dtype, scale=1 / math.sqrt(di)),
-                conv_states=_rand(gen, device, 2, conv_dim, K - 1, dtype=dtype), ssm_states=_rand(gen, device, 2, H, P, N),
+    qsl = I.seqs(T, 1, device)
+    idx, init = I.slots({}, 1, device)
+    return dict(hidden=I.rand(gen, device, T, dm, dtype=dtype),
+                w_in=I.rand(gen, device, dm, 2 * di + 2 * G * N + H, dtype=dtype, scale=s),
+                w_conv=I.rand(gen, device, conv_dim, K, dtype=dtype, scale=0.5), w_conv_bias=I.rand(gen, device, conv_dim, dtype=dtype, scale=0.1),
+                w_A=-torch.exp(I.rand(gen, device, H, scale=0.5)), w_D=I.rand(gen, device, H), w_dt_bias=I.rand(gen, device, H, scale=0.1),
+                w_norm=I.rand(gen, device, di, dtype=dtype, scale=0.1, shift=1.0),
+                w_out=I.rand(gen, device, di, dm, dtype=dtype, scale=1 / math.sqrt(di)),
+                conv_states=I.rand(gen, device, 2, conv_dim, K - 1, dtype=dtype), ssm_states=I.rand(gen, device, 2, H, P, N),
                 query_start_loc=qsl, cache_indices=idx, has_initial_state=init,
                 dims=dict(di=di, G=G, N=N, H=H, P=P, chunk=shape["chunk"]))

@@ -34,9 +34,6 @@ def _bind(s):
     return op
 
 
-POOL_ARG = {s.name: s.args.index(s.pool) for s in SPECS.values() if s.pool}  # positional index of the pool
-
-
 def oracle(name: str, *args, **kwargs):
     """Float64 evaluation of op `name` on copies of the inputs. Returns (y, pool_after or None)."""
     s = spec(name)

@@ -33,8 +33,7 @@ tokens      tokens(shape) -> int | None: tokens processed per call (for tok/s), 
 """
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from reference.validate import fail
@@ -56,7 +55,6 @@ class OpSpec:
     index: str | None = None
     bad_inputs: tuple = ()
     doc: str = ""
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         missing = [k for k in ("cpu", "gpu", "contract") if not self.shapes.get(k)]
@@ -82,29 +80,8 @@ class OpSpec:
             fail("inputs", f"every positional argument of {self.name}", f"missing {missing}")
         return [kwargs[a] for a in self.args], {k: v for k, v in kwargs.items() if k in self.options}
 
-    def bind(self, args: tuple, kwargs: dict) -> dict:
-        """A call's (args, kwargs) -> one dict by name (positional names from `args`)."""
-        if len(args) > len(self.args):
-            fail(self.name, f"at most {len(self.args)} positional arguments", f"{len(args)}")
-        d = dict(zip(self.args, args))
-        d.update(kwargs)
-        return d
-
     def call(self, fn: Callable, kwargs: dict):
         """Call `fn` (an implementation of this op) with a by-name input dict."""
         pos, opt = self.split(kwargs)
         return fn(*pos, **opt)
 
-
-def check_signature(spec: OpSpec, fn: Callable, where: str) -> None:
-    """An implementation's callable takes the contract's positional args in order (by name where it names
-    them; *args / **kwargs wrappers are accepted as they are)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if any(p.kind in (p.VAR_POSITIONAL,) for p in params):
-        return
-    pos = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if pos[:len(spec.args)] != list(spec.args):
-        fail(where, f"positional arguments {list(spec.args)} (the contract of {spec.name})", f"{pos}")
