@@ -25,11 +25,19 @@ _KDA = "fla.ops.kda"
 
 
 def _gather(pool, slots, use):
+    """fp32 initial states of the requests in `slots` (zeros where not `use`), gathered on the device."""
     init = torch.zeros((len(slots),) + tuple(pool.shape[1:]), dtype=torch.float32, device=pool.device)
-    for i, (s, u) in enumerate(zip(slots, use)):
-        if u:
-            init[i] = pool[s].float()
+    rows = [i for i, u in enumerate(use) if u]
+    if rows:
+        init[torch.tensor(rows, device=pool.device)] = pool[torch.tensor([slots[i] for i in rows],
+                                                                        device=pool.device)].float()
     return init
+
+
+def _scatter(pool, slots, states):
+    """pool[slots] = states, in one indexed write through the (possibly strided) pool view."""
+    if slots:
+        pool[torch.tensor(slots, device=pool.device)] = states.to(pool.dtype)
 
 
 def _varlen(fn, validate, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
@@ -43,9 +51,7 @@ def _varlen(fn, validate, q, k, v, g, beta, ssm_states, query_start_loc, cache_i
     y = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
     y.zero_()
     run = [i for i in live if qsl[i + 1] > qsl[i]]
-    for i in live:
-        if qsl[i + 1] == qsl[i] and not init_flags[i]:
-            ssm_states[idx[i]] = 0
+    _scatter(ssm_states, [idx[i] for i in live if qsl[i + 1] == qsl[i] and not init_flags[i]], torch.zeros(()))
     if not run:
         return y
     tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], device=q.device) for i in run])
@@ -55,8 +61,7 @@ def _varlen(fn, validate, q, k, v, g, beta, ssm_states, query_start_loc, cache_i
                initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm),
                state_v_first=True, cu_seqlens=cu.long())
     y[tok] = o[0].to(y.dtype)
-    for j, i in enumerate(run):
-        ssm_states[idx[i]] = hT[j].to(ssm_states.dtype)
+    _scatter(ssm_states, [idx[i] for i in run], hT)
     return y
 
 
@@ -75,8 +80,7 @@ def _update(fn, validate, q, k, v, g, beta, ssm_states, state_indices, scale, us
                scale=scale, initial_state=h0, output_final_state=True,
                use_qk_l2norm_in_kernel=bool(use_qk_l2norm), state_v_first=True)
     y[rows] = o[:, 0].to(y.dtype)
-    for j, i in enumerate(live):
-        ssm_states[idx[i]] = hT[j].to(ssm_states.dtype)
+    _scatter(ssm_states, [idx[i] for i in live], hT)
     return y
 
 
