@@ -20,9 +20,10 @@ class Checker:
         self.count = 0
 
     def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor, *, op: str,
-              impl: str = "reference", dtype: torch.dtype | None = None, tol: Tolerance | None = None,
+              impl="reference", dtype: torch.dtype | None = None, tol: Tolerance | None = None,
               shapes: dict | None = None, seed=None, context: str = "", reproduce: str = ""):
-        """Compare `actual` with the reference `expected` under the dtype's policy (or `tol`).
+        """Compare `actual` with the reference `expected` under the dtype's policy (or `tol`). `impl` is the
+        implementation under test or its name (an Impl object carries its fp32 precision, see below).
 
         Writes a `comparison` record when a results file is open, then fails with a message naming
         what was compared, where it differs, the tolerance and how to reproduce.
@@ -30,6 +31,7 @@ class Checker:
         dtype = dtype or actual.dtype
         tol = tol or tolerance_for(dtype)
         tf32 = dtype == torch.float32 and not self.device.startswith("cpu") and _uses_tf32(impl)
+        impl = getattr(impl, "name", impl)  # an Impl or its name; records keep the name
         if tf32:  # a TF32 kernel is judged at TF32's precision (that of fp16); a wrong state still fails
             loose = tolerance_for(torch.float16)
             tol = Tolerance(max(tol.atol, loose.atol), max(tol.rtol, loose.rtol), max(tol.ratio, loose.ratio))

@@ -445,7 +445,6 @@ def engine_impl(impl):
     implementation (the result is named e.g. "mamba_ssm+torch"); an implementation providing none of the
     engine's ops is returned as is."""
     from harness.impls import registry
-    from harness.impls.registry import Impl
     wanted = engine_families.all_ops()
     missing = [o for o in wanted if o not in impl.ops]
     if not missing or len(missing) == len(wanted):
@@ -453,8 +452,8 @@ def engine_impl(impl):
     fill = registry.get("torch")
     ops = dict(impl.ops)
     ops.update({o: fill.ops[o] for o in missing if o in fill.ops})
-    return Impl(name=f"{impl.name}+torch", ops=ops, devices=impl.devices, dtypes=impl.dtypes,
-                deterministic=impl.deterministic and fill.deterministic, description=f"{impl.name}, rest from torch")
+    return replace(impl, name=f"{impl.name}+torch", ops=ops,
+                   deterministic=impl.deterministic and fill.deterministic, description=f"{impl.name}, rest from torch")
 
 
 def factory_for(impl, device: str, dtype: torch.dtype | None = None) -> RunnerFactory:

@@ -80,8 +80,7 @@ def wrap_op(op_name: str, fn: Callable, before: Callable | None = None, after: C
 
 
 def with_ops(impl: Impl, name: str, **ops) -> Impl:
-    return Impl(name=name, ops={**impl.ops, **ops}, devices=impl.devices, dtypes=impl.dtypes,
-                deterministic=impl.deterministic, description=f"{impl.name} with {sorted(ops)} replaced")
+    return replace(impl, name=name, ops={**impl.ops, **ops}, description=f"{impl.name} with {sorted(ops)} replaced")
 
 
 # ============================================================================ a global-grid varlen SSD

@@ -132,7 +132,7 @@ def test_models_delta_engine_mixer_matches_transformers(case, impl, device, chec
         slots = [2, 0]
         conv_pool = torch.full((3, *spec.conv_shape), float("nan"), dtype=dtype, device=device)
         ssm_pool = torch.full((3, *spec.recurrent_shape), float("nan"), dtype=dtype, device=device)
-        ctx = _ctx(case, run.name, dtype, seed)
+        ctx = _ctx(case, run, dtype, seed)
         md = build_metadata([BatchEntry(i, slots[i], 0, T, False, (0,) * T) for i in range(batch)], device=device)
         out, conv_pool, ssm_pool = be(h.reshape(batch * T, d).to(device, dtype), md, conv_pool, ssm_pool)
         y, ssm_hf, conv_hf = record[0]
