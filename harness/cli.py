@@ -13,17 +13,13 @@ import argparse
 import os
 import sys
 
+from harness.devices import add_device_arg as _add_device  # no torch at import
+
 PROG = "harness"
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "xpu")  # harness.devices.CHOICES, without importing torch
-DEVICE_HELP = "device to run on (default: auto = cuda, else xpu, else cpu; a device this machine lacks is exit 4)"
 
 
 def _repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _add_device(p) -> None:
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help=DEVICE_HELP)
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -296,7 +292,7 @@ class _Version(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         from harness.env import git_info, harness_version
-        sha, source = git_info()
+        sha = git_info()[0]
         print(f"{PROG} (ssm-harness) {harness_version()}" + (f", git {sha}" if sha else ", git sha unknown"))
         parser.exit()
 

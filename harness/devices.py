@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
+# torch is imported inside the functions: the command line builds its parsers (and answers --help) from
+# this module without loading it.
 CHOICES = ("auto", "cpu", "cuda", "xpu")
 DEFAULT = "auto"
 EXIT_NO_DEVICE = 4  # pytest.ExitCode.USAGE_ERROR
@@ -44,11 +44,13 @@ def prepare(device: str) -> None:
 
 
 def _xpu_available() -> bool:
+    import torch
     return hasattr(torch, "xpu") and torch.xpu.is_available()
 
 
 def resolve(device: str) -> str:
     """Map a requested device kind to a concrete torch device string, or raise DeviceUnavailable."""
+    import torch
     if device not in CHOICES:
         raise ValueError(f"--device: expected one of {CHOICES}, got {device!r}")
     if device == "auto":
@@ -68,6 +70,7 @@ def resolve(device: str) -> str:
 
 def worker_device(device: str) -> str:
     """Under pytest-xdist on a multi-GPU host, worker gwN takes GPU N mod count."""
+    import torch
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if device in ("cuda", "xpu") and worker.startswith("gw"):
         n = int(worker[2:])
@@ -80,6 +83,7 @@ def worker_device(device: str) -> str:
 
 
 def synchronize(device: str) -> None:
+    import torch
     kind = str(device).split(":")[0]
     if kind == "cuda":
         torch.cuda.synchronize(device)
