@@ -83,7 +83,8 @@ def test_selftest_table_says_when_the_unbroken_engine_fails_too():
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--help"],
                                   ["selftest", "--help"], ["impls", "--help"], ["gate", "--help"],
-                                  ["report", "--help"]])
+                                  ["report", "--help"], ["bench", "--help"], ["bench", "throughput", "--help"],
+                                  ["bench", "loader", "--help"], ["bench", "sweep", "--help"]])
 def test_help_and_version_import_no_torch(argv):
     """Building the parser imports no torch: `harness --help`, `--version` and each command's --help answer
     without loading it."""
