@@ -1,0 +1,149 @@
+"""Triton decode steps of the gated delta rule: `gated_delta_rule_update` (Gated DeltaNet, one log-decay per
+value head) and `kda_update` (Kimi Delta Attention, one log-decay per key channel), one kernel for both.
+
+One program per (batch row, value head, block of BV value rows), on a flat grid whose consecutive programs
+walk the value blocks of one head, then the heads of one row (so they stream a slot's contiguous (Hv, V, K)
+state in order and share the row's q / k loads). A program holds its (BV, K) tile of the value-major
+state in registers, K the contiguous vector axis, and streams it once: read, update in fp32 (fp64 for
+fp64 activations), write back in place. Per row b and value head h (key head h // (Hv // Hk)):
+
+    q, k <- l2norm(q), l2norm(k) (optional; x / sqrt(sum x^2 + 1e-6)),  q <- q * scale
+    S <- exp(g) S            (g a scalar (GDN) or a K-vector scaling S's columns (KDA))
+    u = beta (v - S k),  S <- S + u k^T,  o = S q
+
+The row's slot is state_indices[b]; a pad row (index == pad_slot_id) starts from a zero state (its
+output is beta v (k . q), as the torch implementation gives) and reads and writes no slot. The pool may
+be any strided view (page-major); its strides are used as they are. Launch parameters (BV, num_warps)
+per family come from CONFIG (configs/<device>/delta_rule_update.json).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from harness import ops as C
+from harness.impls.registry import provides
+from harness.impls.triton._common import (cdiv, compute_dtype, device_guard, index_type, interpreting, launch_config,
+                                          next_power_of_2)
+from harness.ops import PAD_SLOT_ID
+from reference.delta_rule import L2NORM_EPS
+
+# Launch parameters per family: value rows per program (bv) and warps; the H200 values in
+# configs/<device>/delta_rule_update.json (`harness bench sweep --op gated_delta_rule_update` / `kda_update`).
+CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 4, "kda_bv": 32, "kda_warps": 4})
+
+_BV_INTERPRETED = 8  # small value blocks under the interpreter: several blocks per head in tiny tests
+_EPS = tl.constexpr(L2NORM_EPS)
+
+
+@triton.jit
+def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_ptr, o_ptr,
+                              HV, HPK, V, K, NV, pad_id, scale_hi, scale_lo,
+                              sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
+                              ss0, ss1, ss2, ss3, so0, so1, so2,
+                              BV: tl.constexpr, BK: tl.constexpr, PER_KEY: tl.constexpr, L2NORM: tl.constexpr,
+                              ACC: tl.constexpr, IDX: tl.constexpr, EVEN_V: tl.constexpr, EVEN_K: tl.constexpr):
+    pid = tl.program_id(0)
+    vb = pid % NV
+    bh = pid // NV
+    h = bh % HV
+    b = (bh // HV).to(tl.int64)
+    hk = h // HPK
+    h64 = h.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+
+    kk = tl.arange(0, BK).to(IDX)
+    vv = tl.arange(0, BV).to(IDX)
+    v0 = vb * BV
+    if EVEN_K:  # constant-true masks fold away
+        km = tl.full((BK,), 1, tl.int1)
+    else:
+        km = kk < K
+    if EVEN_V:
+        vm = tl.full((BV,), 1, tl.int1)
+    else:
+        vm = (v0 + vv) < V
+
+    # the row's slot; a pad reads as a zero state and writes nothing
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = (vv * 0 + slot) != pad_id  # as a vector (the interpreter mishandles vector & scalar bools)
+    slot = tl.where(slot != pad_id, slot, 0)
+    sbase = st_ptr + slot * ss0 + h64 * ss1 + v0.to(tl.int64) * ss2
+    sptr = sbase + vv[:, None] * ss2 + kk[None, :] * ss3
+    smask = (vm & live)[:, None] & km[None, :]
+    s = tl.load(sptr, mask=smask, other=0.0).to(ACC)
+
+    qv = tl.load(q_ptr + b * sq0 + hk64 * sq1 + kk * sq2, mask=km, other=0.0).to(ACC)
+    kv = tl.load(k_ptr + b * sk0 + hk64 * sk1 + kk * sk2, mask=km, other=0.0).to(ACC)
+    vval = tl.load(v_ptr + b * sv0 + h64 * sv1 + (v0 + vv) * sv2, mask=vm, other=0.0).to(ACC)
+    beta = tl.load(beta_ptr + b * sb0 + h64 * sb1).to(ACC)
+    if L2NORM:
+        qv = qv / tl.sqrt(tl.sum(qv * qv, axis=0) + _EPS)
+        kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + _EPS)
+    # scale as an fp32 pair (hi + lo) so fp64 runs get it exactly: float kernel arguments arrive as fp32
+    qv = qv * scale_hi + qv * scale_lo
+
+    if PER_KEY:  # KDA: one decay per key channel, scaling the state's columns
+        gv = tl.load(g_ptr + b * sg0 + h64 * sg1 + kk * sg2, mask=km, other=0.0).to(ACC)
+        s = s * tl.exp(gv)[None, :]
+    else:  # GDN: one decay per value head
+        gv = tl.load(g_ptr + b * sg0 + h64 * sg1).to(ACC)
+        s = s * tl.exp(gv)
+
+    u = beta * (vval - tl.sum(s * kv[None, :], axis=1))  # (BV,)
+    s = s + u[:, None] * kv[None, :]
+    o = tl.sum(s * qv[None, :], axis=1)
+    tl.store(o_ptr + b * so0 + h64 * so1 + (v0 + vv) * so2, o.to(o_ptr.dtype.element_ty), mask=vm)
+    tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
+
+
+_VALIDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
+
+
+def _scale_pair(scale) -> tuple[float, float]:
+    """scale as hi + lo, both exactly representable in fp32 (hi + lo equals scale to ~2^-48 relative)."""
+    hi = float(np.float32(scale))
+    return hi, float(scale) - hi
+
+
+def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
+    B, Hk, Hv, K, V = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
+                                      pad_slot_id, out)
+    o = out if out is not None else torch.empty((B, Hv, V), dtype=v.dtype, device=v.device)
+    if B == 0 or Hv == 0 or V == 0:
+        return o
+    interp = interpreting()
+    acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
+    BK = next_power_of_2(K)
+    BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[f"{kind}_bv"])
+    NV = cdiv(V, BV)
+    hi, lo = _scale_pair(K ** -0.5 if scale is None else scale)
+    # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
+    pool = ssm_states if ssm_states.numel() else v
+    gs = (g.stride(0), g.stride(1), g.stride(2) if g.dim() == 3 else 0)
+    with device_guard(v):
+        _delta_rule_update_kernel[(B * Hv * NV,)](
+            q, k, v, g, beta, pool, state_indices, o,
+            Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
+            *q.stride(), *k.stride(), *v.stride(), *gs, *beta.stride(),
+            *ssm_states.stride(), *o.stride(),
+            BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc,
+            IDX=index_type(ssm_states, q, k, v, g, o), EVEN_V=V % BV == 0, EVEN_K=K == BK,
+            num_warps=1 if interp else CONFIG[f"{kind}_warps"])
+    return o
+
+
+@provides("triton", "gated_delta_rule_update")
+def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+                            pad_slot_id=PAD_SLOT_ID, out=None):
+    """One Gated DeltaNet decode step per row (see harness.ops)."""
+    return _update("gdn", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+@provides("triton", "kda_update")
+def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+               pad_slot_id=PAD_SLOT_ID, out=None):
+    """One KDA decode step per row (see harness.ops)."""
+    return _update("kda", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
