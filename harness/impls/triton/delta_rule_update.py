@@ -13,12 +13,16 @@ fp64 activations), write back in place. Per row b and value head h (key head h /
 
 The row's slot is state_indices[b]; a pad row (index == pad_slot_id) starts from a zero state (its
 output is beta v (k . q), as the torch implementation gives) and reads and writes no slot. The pool may
-be any strided view (page-major); its strides are used as they are. Launch parameters (BV, num_warps)
-per family come from CONFIG (configs/<device>/delta_rule_update.json).
+be any strided view (page-major); its strides are used as they are. Launch parameters (BV, num_warps per
+family, and the smallest grid a small batch is spread to) come from CONFIG
+(configs/<device>/delta_rule_update.json). No host synchronisation: the op can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
-import numpy as np
+import contextlib
+import functools
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -30,11 +34,18 @@ from harness.impls.triton._common import (cdiv, compute_dtype, device_guard, ind
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
 
-# Launch parameters per family: value rows per program (bv) and warps; the H200 values in
+# Launch parameters per family: value rows per program (bv) and warps, from the H200 sweep (bv 32 with one warp
+# streams the state at ~3.9 TB/s at batch 64 and 256); min_programs: small batches halve bv (down to 8) until the
+# grid has at least this many programs, to spread batch 1 over the SMs. The device's values are in
 # configs/<device>/delta_rule_update.json (`harness bench sweep --op gated_delta_rule_update` / `kda_update`).
-CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 4, "kda_bv": 32, "kda_warps": 4})
+CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 1, "kda_bv": 32, "kda_warps": 1,
+                                              "min_programs": 512})
 
+# Triton decides at import whether its kernels are interpreted; reading the environment once keeps it off the
+# per-call path (decode at batch 1 is bound by the host's time per call)
+_INTERPRETED = interpreting()
 _BV_INTERPRETED = 8  # small value blocks under the interpreter: several blocks per head in tiny tests
+_NO_GUARD = contextlib.nullcontext()
 _EPS = tl.constexpr(L2NORM_EPS)
 
 
@@ -102,10 +113,19 @@ def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_
 _VALIDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
 
 
-def _scale_pair(scale) -> tuple[float, float]:
+@functools.lru_cache(maxsize=64)
+def _scale_pair(scale: float) -> tuple[float, float]:
     """scale as hi + lo, both exactly representable in fp32 (hi + lo equals scale to ~2^-48 relative)."""
-    hi = float(np.float32(scale))
-    return hi, float(scale) - hi
+    hi = struct.unpack("f", struct.pack("f", scale))[0]
+    return hi, scale - hi
+
+
+def _guard(t: torch.Tensor):
+    """`device_guard(t)`, skipped when t's CUDA device is already the current one."""
+    d = t.device
+    if d.type == "cuda" and d.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return device_guard(t)
 
 
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
@@ -114,24 +134,30 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     o = out if out is not None else torch.empty((B, Hv, V), dtype=v.dtype, device=v.device)
     if B == 0 or Hv == 0 or V == 0:
         return o
-    interp = interpreting()
+    interp = _INTERPRETED
     acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
     BK = next_power_of_2(K)
     BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[f"{kind}_bv"])
+    while BV > 8 and B * Hv * cdiv(V, BV) < CONFIG["min_programs"]:
+        BV //= 2
     NV = cdiv(V, BV)
-    hi, lo = _scale_pair(K ** -0.5 if scale is None else scale)
+    hi, lo = _scale_pair(K ** -0.5 if scale is None else float(scale))
+    sq, sk, sv, sb, ss, so = q.stride(), k.stride(), v.stride(), beta.stride(), ssm_states.stride(), o.stride()
+    sg = g.stride()
+    sg = sg if len(sg) == 3 else sg + (0,)
+    # the largest offset formed in the per-program index type: within one head's (V, K) state tile and along
+    # the q / k / g / v / o vectors (rows, heads and slots are offset in int64)
+    extent = max((V - 1) * abs(ss[2]) + (K - 1) * abs(ss[3]), (K - 1) * max(abs(sq[2]), abs(sk[2]), abs(sg[2])),
+                 (V - 1) * max(abs(sv[2]), abs(so[2])))
     # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
     pool = ssm_states if ssm_states.numel() else v
-    gs = (g.stride(0), g.stride(1), g.stride(2) if g.dim() == 3 else 0)
-    with device_guard(v):
+    with _guard(v):
         _delta_rule_update_kernel[(B * Hv * NV,)](
             q, k, v, g, beta, pool, state_indices, o,
             Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
-            *q.stride(), *k.stride(), *v.stride(), *gs, *beta.stride(),
-            *ssm_states.stride(), *o.stride(),
-            BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc,
-            IDX=index_type(ssm_states, q, k, v, g, o), EVEN_V=V % BV == 0, EVEN_K=K == BK,
-            num_warps=1 if interp else CONFIG[f"{kind}_warps"])
+            *sq, *sk, *sv, *sg, *sb, *ss, *so,
+            BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc, IDX=index_type(extent),
+            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[f"{kind}_warps"])
     return o
 
 
