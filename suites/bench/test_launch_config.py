@@ -11,7 +11,8 @@ import pytest
 from harness.impls.triton import _common
 from harness.impls.triton._common import CONFIG_DIR, device_folder, launch_config, read_config_file
 
-MODULES = ("conv1d", "selective_scan", "selective_state_update", "ssd", "ssd_chunk_scan", "ssd_chunk_state")
+MODULES = ("conv1d", "delta_rule_update", "selective_scan", "selective_state_update", "ssd", "ssd_chunk_scan",
+           "ssd_chunk_state")
 
 
 @pytest.fixture
