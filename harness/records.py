@@ -3,7 +3,7 @@
 Kinds of record (field `kind`):
 - `env`: written once per process that writes to a file: environment (git sha, python/torch/triton
   versions, device name), run id, hypothesis profile and seed.
-- `comparison`: one per comparison of an implementation with the reference (see harness.checks).
+- `comparison`: one per comparison of an implementation with the reference (see harness.testing.checks).
 - `timing`: one per benchmark case (see harness.bench).
 
 Crash safety (a writer killed at any byte loses no completed record)

@@ -41,7 +41,7 @@ from functools import lru_cache
 import torch
 from hypothesis import strategies as st
 
-from harness.checks import Tolerance, compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, tolerance_for
 from harness.engine import families as engine_families
 from harness.engine.runner import EngineRunner, random_chunk_fn
 from harness.engine.scheduler import Request
@@ -401,7 +401,7 @@ def prop_batch_invariance(case: Scenario, make_runner, check=None):
 def prop_determinism(case: Scenario, make_runner, check=None):
     """The same scenario twice on fresh runners gives bitwise-equal tokens, step logits and final states
     (only asserted for implementations that claim determinism; returns False when not applicable)."""
-    from harness.checks import assert_bitwise_equal
+    from harness.testing.checks import assert_bitwise_equal
     if not getattr(make_runner.impl, "deterministic", False):
         return False
     a, _ = run_case(case, make_runner)

@@ -48,12 +48,12 @@ TOKEN_ARGS = {
 # ----------------------------------------------------------------------------------------------
 # small helpers
 
-def cu_seqlens_from(lengths: Sequence[int], device="cpu") -> torch.Tensor:
-    """[3, 0, 5] -> tensor([0, 3, 3, 8]) (int64)."""
+def cu_seqlens_from(lengths: Sequence[int], device="cpu", dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """[3, 0, 5] -> tensor([0, 3, 3, 8]) (int64 unless `dtype` says otherwise)."""
     out = [0]
     for n in lengths:
         out.append(out[-1] + int(n))
-    return torch.tensor(out, dtype=torch.int64, device=device)
+    return torch.tensor(out, dtype=dtype, device=device)
 
 
 def lengths_from(cu_seqlens) -> list[int]:
@@ -67,7 +67,8 @@ def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
-def _gen(seed: int) -> torch.Generator:
+def gen(seed: int) -> torch.Generator:
+    """A CPU generator seeded with `seed` (inputs are drawn on the CPU, then moved)."""
     return torch.Generator().manual_seed(int(seed))
 
 
@@ -127,7 +128,7 @@ def make_conv_inputs(T: int, D: int, K: int = 4, dtype=torch.float64, seed: int 
                      device="cpu") -> dict:
     """kwargs for `causal_conv1d`: x (T, D), weight (D, K) ~ U(-1, 1)/sqrt(K), bias, activation,
     cu_seqlens (passed through; a list becomes an int64 tensor), initial_states (S, D, K-1) or None."""
-    g = _gen(seed)
+    g = gen(seed)
     S, cu = _num_seqs(T, cu_seqlens)
     d = dict(x=_randn(g, T, D),
              weight=(2 * _rand(g, D, K) - 1) / math.sqrt(K),
@@ -144,7 +145,7 @@ def make_mamba1_inputs(T: int, Dm: int, N: int = 16, G: int = 1, dtype=torch.flo
     """kwargs for `selective_scan`: u, delta, z (T, Dm); A (Dm, N) = -(1..N) * U(0.5, 1.5) (S4D-real
     like); B, C (T, G, N) ((T, N) if bc_2d and G == 1); D (Dm,); delta_bias = softplus^-1 of dt in
     [1e-3, 1e-1] (log-uniform), delta ~ 0.5 N(0, 1); initial_states (S, Dm, N) or None."""
-    g = _gen(seed)
+    g = gen(seed)
     S, cu = _num_seqs(T, cu_seqlens)
     A = -torch.arange(1, N + 1, dtype=torch.float64).expand(Dm, N) * (0.5 + _rand(g, Dm, 1))
     dt0 = torch.exp(math.log(1e-3) + _rand(g, Dm) * (math.log(1e-1) - math.log(1e-3)))
@@ -168,7 +169,7 @@ def make_ssd_inputs(T: int, H: int, P: int, N: int = 16, G: int = 1, dtype=torch
     in [1e-3, 1e-1] (log-uniform); initial_states (S, H, P, N) or None."""
     if D not in ("head", "head_dim", None):
         raise ValueError(f"D: expected 'head', 'head_dim' or None, got {D!r}")
-    g = _gen(seed)
+    g = gen(seed)
     S, cu = _num_seqs(T, cu_seqlens)
     dt0 = torch.exp(math.log(1e-3) + _rand(g, H) * (math.log(1e-1) - math.log(1e-3)))
     d = dict(x=_randn(g, T, H, P), dt=0.5 * _randn(g, T, H), A=-(1 + 15 * _rand(g, H)),
@@ -185,7 +186,7 @@ def make_norm_inputs(shape: Sequence[int], dtype=torch.float64, seed: int = 0, *
                      group_size: int | None = None, norm_before_gate: bool = True, eps: float = 1e-6,
                      device="cpu") -> dict:
     """kwargs for `gated_rms_norm`: x, z of `shape`, weight (shape[-1],) ~ 1 + 0.1 N(0, 1)."""
-    g = _gen(seed)
+    g = gen(seed)
     d = dict(x=_randn(g, *shape), weight=1 + 0.1 * _randn(g, shape[-1]),
              z=_randn(g, *shape) if z else None, eps=eps, group_size=group_size,
              norm_before_gate=norm_before_gate)
@@ -195,10 +196,16 @@ def make_norm_inputs(shape: Sequence[int], dtype=torch.float64, seed: int = 0, *
 # ----------------------------------------------------------------------------------------------
 # hypothesis strategies (hypothesis is imported lazily so that the builders work without it)
 
-def seqlens(min_seqs: int = 1, max_seqs: int = 4, min_len: int = 0, max_len: int = 24, max_total=None):
-    """Strategy: a list of sequence lengths (empty sequences allowed when min_len = 0)."""
+def seqlens(min_seqs: int = 1, max_seqs: int = 4, min_len: int = 0, max_len: int = 24, max_total=None,
+            edge_lengths: bool = False):
+    """Strategy: a list of sequence lengths (empty sequences allowed when min_len = 0). With `edge_lengths`,
+    lengths are drawn half the time from the edge values 0, 1, 2, 3, 5, 7 (raised to min_len): empty,
+    single-token and odd requests beside long ones."""
     from hypothesis import strategies as st
-    s = st.lists(st.integers(min_len, max_len), min_size=min_seqs, max_size=max_seqs)
+    length = st.integers(min_len, max_len)
+    if edge_lengths:
+        length = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7]).map(lambda v: max(min_len, v)), length)
+    s = st.lists(length, min_size=min_seqs, max_size=max_seqs)
     if max_total is not None:
         s = s.filter(lambda ls: sum(ls) <= max_total)
     return s

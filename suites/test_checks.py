@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from harness.checks import assert_bitwise_equal, compare, poison_, tolerance_for
+from harness.testing.checks import assert_bitwise_equal, compare, poison_, tolerance_for
 from harness.records import RecordWriter, ResultsFileError, read_records
 
 

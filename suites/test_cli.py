@@ -207,7 +207,7 @@ def test_setup_says_what_it_installs():
 def test_a_skip_says_one_line(tmp_path):
     """A skip inside a hypothesis @example says its reason on one line with -rs (hypothesis' multi-line
     "Falsifying explicit example" note is dropped)."""
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_s.py").write_text(textwrap.dedent("""
         import pytest
         from hypothesis import example, given, strategies as st
@@ -227,7 +227,7 @@ def test_a_skip_says_one_line(tmp_path):
 def test_benchmarks_under_xdist_skip_with_one_line_and_time_without(tmp_path):
     """Under -n 2 pytest-benchmark cannot time: a test taking `benchmark` skips with one line saying so
     (not a silent untimed pass); without -n it is timed."""
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_b.py").write_text("def test_b(benchmark):\n    benchmark(lambda: sum(range(1000)))\n")
     js = tmp_path / "b.json"
     r = _py(["-m", "pytest", "-p", "no:cacheprovider", "-rs", "--device", "cpu", "-n", "2",

@@ -24,7 +24,7 @@ def _pytest(args, cwd, timeout=120):
 def test_device_cuda_without_cuda_is_a_usage_error(tmp_path):
     """`--device cuda` on a machine without CUDA exits non-zero with a one-line reason, running nothing."""
     (tmp_path / "test_x.py").write_text("def test_x():\n    assert True\n")
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     r = _pytest(["--device", "cuda", "-q", str(tmp_path)], cwd=tmp_path)
     assert r.returncode != 0
     err = (r.stderr + r.stdout).strip().splitlines()
@@ -35,7 +35,7 @@ def test_device_cuda_without_cuda_is_a_usage_error(tmp_path):
 def test_records_from_xdist_workers_land_in_one_file(tmp_path):
     """Under -n 2, every comparison of every worker lands as one whole record in the one results file,
     after an env header per process."""
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_many.py").write_text(textwrap.dedent("""
         import pytest, torch
         @pytest.mark.parametrize("i", range(40))
@@ -57,7 +57,7 @@ def test_records_from_xdist_workers_land_in_one_file(tmp_path):
 
 def test_failing_comparison_is_recorded_and_fails(tmp_path):
     """A failing comparison writes a 'fail' record and fails the test with what/where/tolerance."""
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_bad.py").write_text(textwrap.dedent("""
         import torch
         def test_bad(check):
@@ -74,7 +74,7 @@ def test_failing_comparison_is_recorded_and_fails(tmp_path):
 
 
 def test_unknown_impl_is_a_usage_error(tmp_path):
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_x.py").write_text("def test_x(impl):\n    assert impl.name\n")
     r = _pytest(["--device", "cpu", "--impl", "no-such-impl", "-q", str(tmp_path)], cwd=tmp_path)
     assert r.returncode == 4 and "--impl: expected one of" in r.stderr
@@ -82,7 +82,7 @@ def test_unknown_impl_is_a_usage_error(tmp_path):
 
 def test_outside_impl_by_module_object(tmp_path):
     """`--impl module:object` registers an outside implementation and parametrizes `impl` with it alone."""
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "my_kernels.py").write_text(textwrap.dedent("""
         from harness.impls import Impl
         IMPL = Impl(name="mine", devices=("cpu",), ops={"gated_rms_norm": lambda *a, **k: None})
@@ -96,7 +96,7 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
     """--outcomes writes one line per finished test from the xdist controller: passes, a failure with its
     error line and a skip with its reason; a test killed mid-run leaves the lines of those before it."""
     import json
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_o.py").write_text(textwrap.dedent("""
         import pytest
         def test_ok():
@@ -120,7 +120,7 @@ def test_unsupported_examples_are_rejected_not_the_whole_test(tmp_path):
     """An implementation (the plugin's `impl`) whose op raises NotImplementedError for some examples has the
     others still run and checked: a wrong result on a supported example fails the test even when the first
     example drawn was unsupported. One that declines every example skips, giving its reason."""
-    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.plugin']\n")
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "peer_kernels.py").write_text(textwrap.dedent("""
         from harness.impls import Impl
 

@@ -25,7 +25,7 @@ from harness.bench.timing import rotation_count, synced, synchronize
 def pytest_generate_tests(metafunc):
     if "bench_case" not in metafunc.fixturenames:
         return
-    from harness import plugin
+    from harness.testing import plugin
     device = plugin._STATE.get("device", "cpu")
     asked = metafunc.config.getoption("impl") or None
     names = [i.name for i in plugin.selected_impls()] if asked else None

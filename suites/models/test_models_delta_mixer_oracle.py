@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from harness.checks import tolerance_for
+from harness.testing.checks import tolerance_for
 from harness.engine.backend import make_backend
 from harness.engine.metadata import build_metadata
 from harness.engine.scheduler import BatchEntry
@@ -173,7 +173,7 @@ def test_models_delta_oracle_is_transformers_torch_code():
 def test_models_delta_oracle_can_fail(case):
     """Property (the test can fail): a mixer whose weights differ from transformers' in one place (the
     output gate's projection) disagrees with transformers' output."""
-    from harness.checks import compare
+    from harness.testing.checks import compare
     cfg, params, h, news, record = _oracle(case, 5, 1, 6, 0)
     name = "in_proj_qkvz.weight" if case[0] == "gdn" else "g_b_proj.weight"
     params = dict(params)

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from harness.engine.scheduler import Request
-from harness.checks import tolerance_for
+from harness.testing.checks import tolerance_for
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import Tolerance, compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, tolerance_for
 from reference.loader import detect_config
 from reference.mixers import make_mixer, reference_ops
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import tolerance_for
+from harness.testing.checks import tolerance_for
 from reference.models import ReferenceLM
 
 from models_hf_oracle import (Dims, mamba2_group_choices, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers, top2_margin,
@@ -152,6 +152,6 @@ def test_models_greedy_detects_a_wrong_model(check):
         ck.params["layers.0.mixer.A_log"] = ck.params["layers.0.mixer.A_log"] + 0.5
         ref = ReferenceLM(ck.config, ck.params, dtype=torch.float64)
     out = ref.greedy_generate(prompt, 8, forced=toks)
-    from harness.checks import compare
+    from harness.testing.checks import compare
     c = compare("perturbed", out.logits, logits, tolerance_for(torch.float32))
     assert not c.passed, c.message()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import tolerance_for
+from harness.testing.checks import tolerance_for
 from reference.loader import detect_config, expected_parameters
 from reference.mixers import reference_ops
 from reference.models import ModelState, ReferenceLM
@@ -159,5 +159,5 @@ def test_models_reference_dt_limit_prefill_and_decode_agree(seed, check):
     check.close("decode with dt limit == prefill with dt limit", dec[0], full[0][-1], **kw)
     unlimited = ReferenceLM(cfg.replace(time_step_limit=(0.0, math.inf)), params, dtype=F64)
     free, _ = unlimited.prefill([prompt])
-    from harness.checks import compare
+    from harness.testing.checks import compare
     assert not compare("limit binds", free[0], full[0], tolerance_for(F64)).passed, "time_step_limit never binds"

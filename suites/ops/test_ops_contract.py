@@ -4,8 +4,8 @@ duplicate live slots, query_start_loc inconsistent with the token count, a bad `
 import pytest
 import torch
 
-from harness.checks import assert_bitwise_equal, poison_
-from harness.impls.optest import require
+from harness.testing.checks import assert_bitwise_equal, poison_
+from harness.testing.optest import require
 from harness.ops import SPECS
 from harness.testing import strict_op
 
@@ -133,7 +133,7 @@ def test_kernels_compile_for_sm90(device):
     import subprocess
     import sys
 
-    from harness.impls.optest import profile
+    from harness.testing.optest import profile
     dtypes = ["bfloat16", "float16", "float32", "float64"] if profile() == "nightly" else ["bfloat16"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-m", "harness.impls.triton.aot", *dtypes], env=env,

@@ -18,8 +18,8 @@ import pytest
 import torch
 from hypothesis import assume, given, strategies as st
 
-from harness.checks import assert_bitwise_equal, poison_
-from harness.impls.optest import require
+from harness.testing.checks import assert_bitwise_equal, poison_
+from harness.testing.optest import require
 from harness.ops import SPECS
 from harness.testing import strict_op
 

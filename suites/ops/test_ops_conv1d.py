@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.impls.optest import (ALL_DTYPES, gen, interp_small, lengths_st, other_layout_pool,
-                                  qsl_from, randn, require, require_nightly_gpu, run_pool_case, token_mask)
+from harness.testing.optest import ALL_DTYPES, interp_small, other_layout_pool, randn, require, require_nightly_gpu, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.testing import LAYOUTS, choose_slots, make_pool
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
@@ -15,7 +15,7 @@ seeds = st.integers(0, 2**31 - 1)
 
 
 def _conv_case(data, impl, device, dtype, small):
-    lengths = data.draw(lengths_st(max_seqs=3 if small else 5, max_len=10 if small else 40), label="lengths")
+    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=10 if small else 40), label="lengths")
     D = data.draw(st.sampled_from([1, 3, 5, 16] if small else [1, 3, 7, 33, 64]), label="D")
     K = data.draw(st.sampled_from([2, 3, 4, 5, 8]), label="K")
     seed = data.draw(seeds, label="seed")
@@ -34,7 +34,7 @@ def _conv_case(data, impl, device, dtype, small):
     b = randn(g, (D,), dtype, device) if bias else None
     pool = make_pool(S + extra, (D, K - 1), pool_dtype, device, layout=layout, seed=seed)
     hi = torch.tensor([rng.random() < 0.7 for _ in range(S)], dtype=torch.bool, device=device)
-    args = [x, w, b, pool, qsl_from(lengths, device), torch.tensor(slots, dtype=torch.int32, device=device), hi]
+    args = [x, w, b, pool, cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor(slots, dtype=torch.int32, device=device), hi]
     shapes = dict(x=x, weight=w, conv_states=pool, lengths=lengths, layout=layout)
     return args, dict(activation=act), slots, token_mask(lengths, slots), shapes, seed, layout
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from harness.impls.optest import gen, qsl_from, randn, require, run_pool_case, token_mask
+from harness.testing.optest import randn, require, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen
 from harness.testing import make_pool
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -94,7 +95,7 @@ def test_ssd_varlen_decay_of_either_sign(impl, device, check, dtype, case):
     slots = list(range(1, S + 1))
     hi = torch.tensor([i % 2 == 0 for i in range(S)], device=device)
     A, D = _cycled(case.A, H, _wide(dtype), device), randn(g, (H,), _wide(dtype), device)
-    args = [x, dt, A, B, C, chunk, D, None, None, pool, qsl_from(case.lengths, device),
+    args = [x, dt, A, B, C, chunk, D, None, None, pool, cu_seqlens_from(case.lengths, device, dtype=torch.int32),
             torch.tensor(slots, dtype=torch.int32, device=device), hi]
     run_pool_case(check, impl, op, args, dict(dt_softplus=case.softplus, dt_limit=case.dt_limit), pool_pos=9,
                   live_slots=slots, y_mask=token_mask(case.lengths, slots), dtype=dtype, seed=case.seed,

@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, strategies as st
 
 from harness import ops as DC
-from harness.checks import assert_bitwise_equal, poison_, tolerance_for
-from harness.impls.optest import ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand, randn, require, \
-    token_mask
+from harness.testing.checks import assert_bitwise_equal, poison_, tolerance_for
+from harness.testing.optest import ALL_DTYPES, coarser, other_layout_pool, rand, randn, require, token_mask
+from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.impls.torch import delta_rule as TD
 from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool, strict_op
 from reference import delta_rule as R
@@ -146,7 +146,7 @@ def activations(kind, g_, rows, Hk, H, K, V, dtype, device, use_qk_l2norm, stron
 
 def varlen_case(data, kind, device, dtype, small, *, strong=None):
     Hk, H, K, V = dims(data, kind, small)
-    lengths = data.draw(lengths_st(max_seqs=4 if small else 6, max_len=20 if small else 300,
+    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=4 if small else 6, max_len=20 if small else 300,
                                    max_total=48 if small else None), label="lengths")
     seed = data.draw(seeds, label="seed")
     layout = data.draw(st.sampled_from(LAYOUTS), label="layout")
@@ -164,7 +164,7 @@ def varlen_case(data, kind, device, dtype, small, *, strong=None):
     q, k, v, g, beta = activations(kind, g_, T, Hk, H, K, V, dtype, device, l2, strong)
     pool = make_pool(S + extra, (H, V, K), pool_dtype, device, layout=layout, seed=seed)
     hi = torch.tensor([rng.random() < 0.6 for _ in range(S)], dtype=torch.bool, device=device)
-    args = [q, k, v, g.to(gb_dtype), beta.to(gb_dtype), pool, qsl_from(lengths, device),
+    args = [q, k, v, g.to(gb_dtype), beta.to(gb_dtype), pool, cu_seqlens_from(lengths, device, dtype=torch.int32),
             torch.tensor(slots, dtype=torch.int32, device=device), hi]
     kw = dict(scale=scale, use_qk_l2norm=l2)
     shapes = dict(q=q, v=v, g=g, ssm_states=pool, lengths=lengths, layout=layout, chunk_size=cs,
@@ -237,7 +237,7 @@ def test_prefill_then_decode_equals_one_prefill(impl, kind, device, check, data)
     slot = torch.tensor([1], dtype=torch.int32, device=device)
     init = pool[1:2].to("cpu", torch.float64).clone()
     with chunk_size(kind, cs, impl):
-        o_pre = varlen(q[:L0], k[:L0], v[:L0], g[:L0], beta[:L0], pool, qsl_from([L0], device), slot,
+        o_pre = varlen(q[:L0], k[:L0], v[:L0], g[:L0], beta[:L0], pool, cu_seqlens_from([L0], device, dtype=torch.int32), slot,
                              torch.tensor([True], device=device), use_qk_l2norm=True)
     os_ = [o_pre]
     for t in range(L0, L0 + n):
@@ -276,7 +276,7 @@ def test_float64_inputs_compute_in_float64(impl, device, check):
     T, H, K, V = 40, 2, 8, 4
     q, k, v, g, beta = activations("kda", g_, T, H, H, K, V, torch.float64, device, True, False)
     pool = make_pool(2, (H, V, K), torch.float64, device, seed=5)
-    args = [q, k, v, g.double(), beta.double(), pool, qsl_from([T], device), torch.tensor([1], device=device),
+    args = [q, k, v, g.double(), beta.double(), pool, cu_seqlens_from([T], device, dtype=torch.int32), torch.tensor([1], device=device),
             torch.tensor([True], device=device)]
     o_ref, p_ref = oracle_varlen("kda", *args)
     o = fn(*args)
@@ -384,7 +384,7 @@ def test_varlen_request_isolation(impl, kind, value, device, check):
     the chunk grid pads with selected zeros, never with another request's values times a zero mask.
     (Three requests of 3, 5 and 4 tokens, chunks of 8; the first is poisoned: padding positions of a
     gathered grid point at token 0, which is its.)"""
-    from harness.impls.optest import poisoned, run_isolation_case
+    from harness.testing.optest import poisoned, run_isolation_case
     name, _ = op_of(impl, kind, "varlen", torch.float32)
     lengths, Hk, H, K, V = [3, 5, 4], 1, 2 if kind == "gdn" else 1, 4, 3
     T = sum(lengths)
@@ -395,7 +395,7 @@ def test_varlen_request_isolation(impl, kind, value, device, check):
     def case(poison):
         p = (lambda t: poisoned(t, rows, value)) if poison else (lambda t: t.clone())
         return [p(q), p(k), p(v), p(g), p(beta), make_pool(4, (H, V, K), torch.float32, device, seed=7),
-                qsl_from(lengths, device), torch.tensor([1, 2, 3], dtype=torch.int32, device=device),
+                cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor([1, 2, 3], dtype=torch.int32, device=device),
                 torch.tensor([True, True, False], device=device)]
     with chunk_size(kind, 8, impl):
         run_isolation_case(check, impl, name, case(False), case(True), dict(use_qk_l2norm=True), pool_pos=5,

@@ -3,8 +3,9 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import poison_
-from harness.impls.optest import ALL_DTYPES, gen, interp_small, randn, require
+from harness.testing.checks import poison_
+from harness.testing.optest import ALL_DTYPES, interp_small, randn, require
+from reference.testing import gen
 from harness.impls.reference_impl import oracle
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]

@@ -20,8 +20,8 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from harness.impls.optest import (NONFINITE, gen, poisoned, qsl_from, rand, randn, require,
-                                  run_isolation_case)
+from harness.testing.optest import NONFINITE, poisoned, rand, randn, require, run_isolation_case
+from reference.testing import cu_seqlens_from, gen
 
 NAN, INF = math.nan, math.inf
 DTYPES = (torch.float32, torch.bfloat16)
@@ -128,7 +128,7 @@ def test_isolation_causal_conv1d_varlen(impl, device, check, dtype, case):
     x = randn(g, (T, D), dtype, device)
     pool = randn(g, (S + case.extra, D, K - 1), dtype, device)
     args = [x, randn(g, (D, K), dtype, device, scale=0.5), randn(g, (D,), dtype, device), pool,
-            qsl_from(case.lengths, device), _indices(case, device),
+            cu_seqlens_from(case.lengths, device, dtype=torch.int32), _indices(case, device),
             torch.tensor(case.init, dtype=torch.bool, device=device)]
     _isolated(check, impl, op, case, args, dict(activation="silu" if silu else None), tokens={"x": 0}, pool_pos=3,
               dtype=dtype)
@@ -155,7 +155,7 @@ def test_isolation_selective_scan_varlen(impl, device, check, dtype, case):
     D, z, bias = randn(g, (Dm,), torch.float32, device), randn(g, (T, Dm), dtype, device), \
         randn(g, (Dm,), torch.float32, device, scale=0.5)
     pool = randn(g, (S + case.extra, Dm, N), torch.float32, device)
-    args = [u, delta, A, B, C, D, z, bias, pool, qsl_from(case.lengths, device), _indices(case, device),
+    args = [u, delta, A, B, C, D, z, bias, pool, cu_seqlens_from(case.lengths, device, dtype=torch.int32), _indices(case, device),
             torch.tensor(case.init, dtype=torch.bool, device=device)]
     _isolated(check, impl, op, case, args, dict(delta_softplus=True),
               tokens={"u": 0, "delta": 1, "B": 3, "C": 4, "z": 6}, pool_pos=8, dtype=dtype)
@@ -182,7 +182,7 @@ def test_isolation_ssd_varlen(impl, device, check, dtype, case):
     D, z, bias = randn(g, (H,), torch.float32, device), randn(g, (T, H, P), dtype, device), \
         randn(g, (H,), torch.float32, device, scale=0.5)
     pool = randn(g, (S + case.extra, H, P, N), torch.float32, device)
-    args = [x, dt, A, B, C, chunk, D, z, bias, pool, qsl_from(case.lengths, device), _indices(case, device),
+    args = [x, dt, A, B, C, chunk, D, z, bias, pool, cu_seqlens_from(case.lengths, device, dtype=torch.int32), _indices(case, device),
             torch.tensor(case.init, dtype=torch.bool, device=device)]
     _isolated(check, impl, op, case, args, dict(dt_softplus=True),
               tokens={"x": 0, "dt": 1, "B": 3, "C": 4, "z": 7}, pool_pos=9, dtype=dtype)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.impls.optest import (ALL_DTYPES, gen, interp_small, lengths_st, other_layout_pool,
-                                  qsl_from, rand, randn, require, require_nightly_gpu, run_pool_case, token_mask)
+from harness.testing.optest import ALL_DTYPES, interp_small, other_layout_pool, rand, randn, require, require_nightly_gpu, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.testing import LAYOUTS, choose_slots, make_pool
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
@@ -16,7 +16,7 @@ seeds = st.integers(0, 2**31 - 1)
 
 
 def _case(data, device, dtype, small):
-    lengths = data.draw(lengths_st(max_seqs=3 if small else 5, max_len=12 if small else 40,
+    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=12 if small else 40,
                                    max_total=24 if small else None), label="lengths")
     seed = data.draw(seeds, label="seed")
     stress = data.draw(st.booleans(), label="stress")
@@ -48,7 +48,7 @@ def _case(data, device, dtype, small):
     pool = make_pool(S + extra, (Dm, N), pool_dtype, device, layout=layout, seed=seed)
     hi = torch.tensor([rng.random() < 0.7 for _ in range(S)], dtype=torch.bool, device=device)
     idx = torch.tensor(slots, dtype=torch.int64 if seed % 2 else torch.int32, device=device)
-    args = [u, delta, A, B, C, D, z, db, pool, qsl_from(lengths, device), idx, hi]
+    args = [u, delta, A, B, C, D, z, db, pool, cu_seqlens_from(lengths, device, dtype=torch.int32), idx, hi]
     shapes = dict(u=u, A=A, B=B, lengths=lengths, layout=layout, stress=stress, pool_dtype=str(pool_dtype))
     return args, dict(delta_softplus=softplus), slots, token_mask(lengths, slots), shapes, seed, layout
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import assert_bitwise_equal, poison_
-from harness.impls.optest import (ALL_DTYPES, coarser, gen, lengths_st, other_layout_pool, qsl_from, rand,
-                                  randn, require, require_nightly_gpu, run_pool_case, token_mask)
+from harness.testing.checks import assert_bitwise_equal, poison_
+from harness.testing.optest import ALL_DTYPES, coarser, other_layout_pool, rand, randn, require, require_nightly_gpu, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.impls.reference_impl import oracle
 from harness.testing import LAYOUTS, choose_slots, make_pool, strict_op
 
@@ -49,7 +49,7 @@ def ssd_case(data, device, dtype, small, *, stress=None, layout=None, tail=False
     """A drawn ssd_varlen call: (args, kwargs, slots, token mask, shapes, seed, layout). With `tail`,
     one more live request (1..) is appended after the drawn ones."""
     H, G, P, N, chunk = _dims(data, small)
-    lengths = data.draw(lengths_st(max_seqs=3 if small else 5, max_len=20 if small else 150,
+    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=20 if small else 150,
                                    max_total=(30 if tail else 48) if small else None), label="lengths")
     if tail:
         lengths = lengths + [data.draw(st.integers(1, 18 if small else 200), label="tail_length")]
@@ -90,7 +90,7 @@ def ssd_case(data, device, dtype, small, *, stress=None, layout=None, tail=False
     z = randn(g, (T, H, P), dtype, device) if has_z else None
     pool = make_pool(S + extra, (H, P, N), pool_dtype, device, layout=layout, seed=seed)
     hi = torch.tensor([rng.random() < 0.7 for _ in range(S)], dtype=torch.bool, device=device)
-    args = [x, dt, A, B, C, chunk, D, z, bias, pool, qsl_from(lengths, device),
+    args = [x, dt, A, B, C, chunk, D, z, bias, pool, cu_seqlens_from(lengths, device, dtype=torch.int32),
             torch.tensor(slots, dtype=torch.int32, device=device), hi]
     kw = dict(dt_softplus=softplus, dt_limit=dt_limit)
     shapes = dict(x=x, B=B, ssm_states=pool, lengths=lengths, chunk_size=chunk, layout=layout, D=D_kind,
@@ -188,7 +188,7 @@ def test_ssd_varlen_state_of_a_sequence_ending_in_its_first_chunk(impl, device, 
     x, dt, B, Cm = r(T, H, P), torch.rand(T, H, generator=g) * 0.5, r(T, 1, N), r(T, 1, N)
     A, D, dt_bias = -torch.rand(H, generator=g) - 0.5, r(H), torch.rand(H, generator=g) * 0.1
     pool = r(S + 1, H, P, N)  # one slot more than requests: it must stay untouched
-    qsl = qsl_from(lengths, "cpu")
+    qsl = cu_seqlens_from(lengths, "cpu", dtype=torch.int32)
     idx = torch.arange(S, dtype=torch.int32)
     hi = torch.tensor(from_state)
     args = [x, dt, A, B, Cm, chunk, D, None, dt_bias, pool, qsl, idx, hi]
@@ -294,7 +294,7 @@ def test_ssd_varlen_growing_and_wiping_decays(impl, device, check, name):
     A = torch.full((H,), a, device=device)
     pool = make_pool(S + 1, (H, P, N), torch.float32, device, seed=3)
     args = [x, dt, A, B, C, chunk, randn(g, (H,), torch.float32, device), None, None, pool,
-            qsl_from(lengths, device), torch.tensor([2, 0, 3], dtype=torch.int32, device=device),
+            cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor([2, 0, 3], dtype=torch.int32, device=device),
             torch.tensor([True, False, True], device=device)]
     run_pool_case(check, impl, OP, args, dict(dt_softplus=softplus, dt_limit=limit), pool_pos=9,
                   live_slots=[2, 0, 3], y_mask=None, dtype=torch.float32, seed=11,

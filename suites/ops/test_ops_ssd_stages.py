@@ -12,8 +12,9 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import assert_bitwise_equal
-from harness.impls.optest import gen, lengths_st, pool_like, qsl_from, rand, randn
+from harness.testing.checks import assert_bitwise_equal
+from harness.testing.optest import pool_like, rand, randn
+from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool
 
 OP = "ssd_varlen"
@@ -55,7 +56,7 @@ def _eff_dt(dt, bias, softplus, limit):
 @st.composite
 def stage_case(draw, device, cs_choices=(16,)):
     small = device.startswith("cpu")
-    lengths = draw(lengths_st(max_seqs=3 if small else 5, max_len=24 if small else 200,
+    lengths = draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=24 if small else 200,
                               max_total=48 if small else None), label="lengths")
     H = draw(st.sampled_from([2, 4] if small else [2, 4, 8]), label="H")
     G = draw(st.sampled_from([1, 2, H]), label="G")
@@ -74,7 +75,7 @@ def _inputs(c, device, dtype):
     A = -torch.exp(rand(g, (H,), torch.float32, device, 0.0, 6.0 if c["stress"] else 1.0))
     return dict(T=T, x=randn(g, (T, H, P), dtype, device), dt=randn(g, (T, H), dtype, device, shift=-2.0),
                 A=A, B=randn(g, (T, G, N), dtype, device), C=randn(g, (T, G, N), dtype, device),
-                bias=randn(g, (H,), torch.float32, device, scale=0.5), qsl=qsl_from(c["lengths"], device))
+                bias=randn(g, (H,), torch.float32, device, scale=0.5), qsl=cu_seqlens_from(c["lengths"], device, dtype=torch.int32))
 
 
 def _cd(dtype):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.impls.optest import (ALL_DTYPES, gen, interp_small, other_layout_pool, rand, randn,
-                                  require, require_nightly_gpu, run_pool_case)
+from harness.testing.optest import ALL_DTYPES, interp_small, other_layout_pool, rand, randn, require, require_nightly_gpu, run_pool_case
+from reference.testing import gen
 from harness.testing import LAYOUTS, choose_slots, make_pool
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]

@@ -14,8 +14,9 @@ import pytest
 import torch
 import triton.language as tl
 
-from harness.checks import assert_bitwise_equal, poison_
-from harness.impls.optest import gen, rand, randn, require
+from harness.testing.checks import assert_bitwise_equal, poison_
+from harness.testing.optest import rand, randn, require
+from reference.testing import gen
 from harness.impls.reference_impl import oracle
 
 OPS = {"gdn": "gated_delta_rule_update", "kda": "kda_update"}

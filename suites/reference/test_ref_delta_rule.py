@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import Phase, example, given, settings, strategies as st
 
-from harness.checks import Tolerance, compare
+from harness.testing.checks import Tolerance, compare
 from reference.delta_rule import (gated_delta_rule, gated_delta_rule_chunked, gated_delta_rule_update, kda,
                                   kda_chunked, kda_update, l2norm)
 from reference.testing import cu_seqlens_from, seqlens, split_points

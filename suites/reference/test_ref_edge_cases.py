@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
-from harness.checks import Tolerance
+from harness.testing.checks import Tolerance
 from reference.conv1d import causal_conv1d, causal_conv1d_update
 from reference.norms import gated_rms_norm, rms_norm
 from reference.selective_scan import selective_scan, selective_state_update

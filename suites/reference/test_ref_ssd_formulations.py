@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from harness.checks import Tolerance, tolerance_for
+from harness.testing.checks import Tolerance, tolerance_for
 from reference.ssd import segsum, ssd_chunked, ssd_scan
 from reference.testing import cu_seqlens_from, make_ssd_inputs, seqlens
 

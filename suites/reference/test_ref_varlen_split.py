@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import Tolerance
+from harness.testing.checks import Tolerance
 from reference.conv1d import causal_conv1d, causal_conv1d_update
 from reference.selective_scan import selective_scan, selective_state_update
 from reference.ssd import ssd_chunked, ssd_scan, ssd_state_update

@@ -12,7 +12,7 @@ from harness.cli import main
 from harness.gate import GateConfig, gate_runs
 from harness.records import TornRecordWarning
 from harness.report.runs import Run, RunError, load_run
-from harness.report.samples import make_run
+from harness.testing.samples import make_run
 
 SLOW_KEY = ("causal_conv1d_varlen", "triton", 1024)
 

@@ -16,7 +16,7 @@ from harness.gate import GateConfig, gate_runs
 from harness.report import render_html
 from harness.report.build import accuracy_matrix, build_context, perf_tables, verdict
 from harness.report.runs import load_run, load_runs
-from harness.report.samples import make_run
+from harness.testing.samples import make_run
 from harness.report.svg import impl_color
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")

@@ -20,7 +20,7 @@ from hypothesis import example, given, strategies as st
 from harness.engine.pool import PAD_SLOT_ID
 from harness.engine.runner import EngineRunner
 from harness.engine.scheduler import Request
-from harness.impls.optest import NONFINITE
+from harness.testing.optest import NONFINITE
 from harness.scenarios import (Scenario, check_against_reference, check_same_results, factory_for, scenarios,
                                skip_reason, tiny_model)
 

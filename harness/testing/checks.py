@@ -75,7 +75,7 @@ class Comparison:
 
 
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
-    """Compare `actual` with the reference `expected`; never raises on mismatch (`harness.checker.Checker.close`
+    """Compare `actual` with the reference `expected`; never raises on mismatch (`harness.testing.checker.Checker.close`
     records and asserts)."""
     if tuple(actual.shape) != tuple(expected.shape):
         return Comparison(name, tuple(actual.shape), float("inf"), float("inf"), None, None, None, 0, tol,

@@ -262,5 +262,5 @@ def results_writer():
 
 @pytest.fixture
 def check(request, device, results_writer):
-    from harness.checker import Checker
+    from harness.testing.checker import Checker
     return Checker(test_id=request.node.nodeid, device=device, writer=results_writer)

@@ -15,7 +15,7 @@ import random
 
 import torch
 
-from harness.checks import assert_bitwise_equal
+from harness.testing.checks import assert_bitwise_equal
 from harness.ops import PAD_SLOT_ID
 
 LAYOUTS = ("contiguous", "page_major")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.checks import Tolerance, compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, tolerance_for
 
 
 def _shapes(shapes):

@@ -4,9 +4,9 @@ generic check for ops that update a state pool.
 Generic pieces (usable for any op of `harness.ops`):
 * `require(impl, op, dtype, device)`: skip (with the reason) when the impl lacks the op or dtype.
 * `interp_small(device, impl)`: True when the case must stay tiny (Triton interpreter on CPU).
-* `lengths_st(...)`: hypothesis strategy for per-request token counts (0, 1, odd, several requests).
-* `qsl_from(lengths, device)`: query_start_loc (int32) from lengths.
-* `randn(g, shape, dtype, device, scale)`, `gen(seed)`: seeded inputs (drawn in fp32 on CPU, cast).
+* `randn(g, shape, dtype, device, scale)`, `rand(...)`: seeded inputs (drawn in fp32 on CPU, cast); the
+  generator (`gen(seed)`), request lengths (`seqlens(..., edge_lengths=True)`: empty, one-token, odd and long
+  requests) and offsets (`cu_seqlens_from(lengths, device, torch.int32)`) are reference.testing's.
 * `coarser(*dtypes)`: the dtype with the loosest tolerance policy (for pools kept in another dtype).
 * `run_pool_case(check, impl, op, args, kwargs, pool_pos=..., live_slots=..., y_mask=..., ...)`:
   poisons `out=` with NaN, snapshots the pool, calls `impl.op(op)(*args, out=..., **kwargs)`, then
@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import strategies as st
 
-from harness.checks import POLICY, assert_bitwise_equal, poison_, tolerance_for
+from harness.testing.checks import POLICY, assert_bitwise_equal, poison_, tolerance_for
 from harness.impls.reference_impl import oracle
 from harness.testing import make_pool
 
@@ -50,33 +49,12 @@ def interp_small(device: str, impl) -> bool:
     return device.startswith("cpu") and impl.name == "triton"
 
 
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(int(seed))
-
-
 def randn(g, shape, dtype, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
     return (torch.randn(tuple(shape), generator=g, dtype=torch.float32) * scale + shift).to(device, dtype)
 
 
 def rand(g, shape, dtype, device, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
     return (torch.rand(tuple(shape), generator=g, dtype=torch.float32) * (hi - lo) + lo).to(device, dtype)
-
-
-def lengths_st(max_seqs: int = 4, max_len: int = 24, min_len: int = 0, max_total: int | None = None):
-    """Per-request token counts: several requests, including empty (0), single-token and odd lengths."""
-    lens = st.lists(st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7]), st.integers(min_len, max_len)),
-                    min_size=1, max_size=max_seqs)
-    lens = lens.map(lambda ls: [max(min_len, v) for v in ls])
-    if max_total is not None:
-        lens = lens.filter(lambda ls: sum(ls) <= max_total)
-    return lens
-
-
-def qsl_from(lengths, device, dtype=torch.int32) -> torch.Tensor:
-    q = [0]
-    for n in lengths:
-        q.append(q[-1] + int(n))
-    return torch.tensor(q, dtype=dtype, device=device)
 
 
 def token_mask(lengths, slots, pad_slot_id=-1) -> torch.Tensor:
@@ -156,7 +134,7 @@ def other_layout_pool(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.T
 
 
 def profile() -> str:
-    from harness import plugin
+    from harness.testing import plugin
     return plugin._STATE.get("profile", "ci")
 
 
