@@ -14,10 +14,11 @@ neither decay nor write the state, and are not stored. Per chunk, with G (BT, K)
 are per key channel and cannot be split into exp(G_i) exp(-G_j) over a chunk in general. When every
 |G - G_m| of the chunk (G_m: the cumulative decay at its middle, the chunk start included) stays within
 FAST_THR (log2 units), they are split at that reference, exp(G_i - G_m) exp(G_m - G_j), each factor below
-2**FAST_THR, and Qk / A come from two tensor-core dots; otherwise (decays stronger than ~8 per token over a
-16-token chunk, or growth) the chunk takes the exact path: every pair's exponent formed and masked before
-the exponential, as the float64 reference does. T comes from recursive block inversion (blocks of 1, 2,
-4, ... BT/2: T21 = -T22 A21 T11 for all blocks of a level at once, two dots per level, in fp32 "ieee").
+2**FAST_THR, and Qk / A come from two tensor-core dots; otherwise (|g| above ~8 per token on average over
+half of a 16-token chunk, either sign) the chunk takes the exact path: every pair's exponent formed and
+masked before the exponential, as the float64 reference does. T comes from recursive block inversion
+(blocks of 1, 2, 4, ... BT/2: T21 = -T22 A21 T11 for all blocks of a level at once, two dots per level,
+in fp32 "ieee").
 
 Dots on activations run in bf16 for bf16 inputs, tf32 for fp16 inputs (the split factors reach 2**96,
 past fp16's range), exactly ("ieee") for fp32 / fp64. Pads' tokens are computed from a zero state (as the
@@ -43,9 +44,6 @@ __all__ = ["kda_varlen", "CONFIG"]
 # num_stages, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0: always
 # the exact path). The device's values in configs/<device>/kda_chunk.json.
 CONFIG = launch_config("kda_chunk", {"bt": 16, "bv": 32, "warps": 8, "stages": 2, "fast_thr": 96.0})
-
-_LOG2E = 1.4426950408889634
-
 
 @triton.jit
 def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr, CD: tl.constexpr):
