@@ -112,6 +112,14 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         SweepGroup("cumsum", "ssd", [{"fuse_front": False, "cumsum": c} for c in _rows(
             ("block_h", "num_warps"), [(8, 4), (16, 4), (32, 8), (4, 2)])], attr="TUNING"),
     ],
+    "kda_varlen": [
+        # value channels per program (programs = sequences x heads x V / bv: 128 at batch 1, H 32, V 128 with bv 32),
+        # warps and load pipelining of the fused chunk loop
+        SweepGroup("tile", "kda_chunk", _grid(bv=(32, 16, 64), warps=(8, 4), stages=(2, 1, 3))),
+        # the chunk length (the T solve and the pairwise terms grow with it; fewer steps along the sequence)
+        SweepGroup("chunk", "kda_chunk", _rows(("bt", "bv", "warps", "stages"), [
+            (32, 32, 8, 2), (32, 32, 8, 1), (32, 16, 8, 2), (32, 32, 4, 1)])),
+    ],
 }
 
 

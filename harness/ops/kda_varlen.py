@@ -14,5 +14,7 @@ SPEC = D.make_spec("kda", True, "kda_varlen", __doc__, shapes={
     # Kimi-Linear's layer (H 32, K = V = 128), batch 1
     "gpu": [dict(T=4096, H=32, K=128, V=128, S=1), dict(T=16384, H=32, K=128, V=128, S=1)],
     "contract": [dict(T=5, H=2, K=3, V=2, S=2, fresh=1, l2norm=False)],
+    # the layer's head sizes (K = V = 128), with and without the q/k l2norm
+    "aot": [dict(T=40, H=2, K=128, V=128, S=2, fresh=1, l2norm=l2) for l2 in (True, False)],
 })
 validate_kda_varlen = SPEC.validate

@@ -1,0 +1,217 @@
+"""Kernel suite: the Triton chunked KDA prefill (harness/impls/triton/kda_chunk.py, op `kda_varlen`) on the
+edges of its chunk grid and of its two intra-chunk paths, against the float64 oracle.
+
+Chunks restart at every sequence start: sequences that start mid-chunk of the packed stream, a last chunk
+that is not full, exactly one chunk, one token past it, many chunks, empty sequences (with and without an
+initial state) and pads. The pairwise decays exp(G_i - G_j) are split at the chunk's middle when that is
+safe (the fast path) and formed pair by pair otherwise (the exact path): weak, typical and strong decays
+(g ~ -5 per token and channel on the fast path, g down to -30 on the exact path), growth (g > 0) and mixed
+signs each match the oracle, the exact path is also forced on ordinary inputs, and the other chunk length
+and value blocks the launch configuration offers are exercised. Runs on the device under test (CPU through
+the Triton interpreter, fp32 / fp64 there; fp32 and bf16 on a GPU).
+"""
+import math
+from unittest import mock
+
+import pytest
+import torch
+
+from harness.checks import assert_bitwise_equal, tolerance_for
+from harness.impls.optest import gen, qsl_from, rand, randn, run_pool_case, token_mask
+from harness.testing import make_pool
+
+OP = "kda_varlen"
+
+
+def _module(device):
+    from harness.impls.triton._common import has_gpu, interpreting
+    if device.startswith("cpu") and not interpreting():
+        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 (pytest --device cpu sets it)")
+    if not device.startswith("cpu") and not has_gpu():
+        pytest.skip("no GPU for Triton")
+    import harness.impls.triton.kda_chunk as kc
+    return kc
+
+
+def _impl():
+    from harness.impls.registry import get
+    return get("triton")
+
+
+def _dtypes(device):
+    return [torch.float32, torch.float64] if device.startswith("cpu") else [torch.float32, torch.bfloat16]
+
+
+def _decays(kind, g_, shape, device):
+    """Log-decays (fp32) of one regime."""
+    if kind == "weak":
+        return -rand(g_, shape, torch.float32, device, 0.0, 0.05)
+    if kind == "typical":
+        return -rand(g_, shape, torch.float32, device, 0.0, 1.0)
+    if kind == "strong5":  # about -5 per token and channel: the split stays within range (fast path)
+        return randn(g_, shape, torch.float32, device, scale=0.2, shift=-5.0)
+    if kind == "strong30":  # down to -30: pairwise decays underflow (exact path)
+        return -rand(g_, shape, torch.float32, device, 5.0, 30.0)
+    if kind == "growth":  # g > 0: the state grows (admitted by the contract)
+        return rand(g_, shape, torch.float32, device, 0.0, 0.3)
+    if kind == "mixed":
+        return rand(g_, shape, torch.float32, device, -1.0, 0.3)
+    raise ValueError(kind)
+
+
+def _case(device, dtype, lengths, *, H=2, K=8, V=5, decay="typical", seed=0, l2norm=True, slots=None,
+          has_init=None, layout="contiguous"):
+    """Arguments of one call (pool slots 1.. for the requests unless given; slot 0 never named)."""
+    g_ = gen(seed)
+    T, S = sum(lengths), len(lengths)
+    s = 1.0 if l2norm else K ** -0.5
+    q = randn(g_, (T, H, K), dtype, device, scale=s)
+    k = randn(g_, (T, H, K), dtype, device, scale=s)
+    v = randn(g_, (T, H, V), dtype, device)
+    g = _decays(decay, g_, (T, H, K), device)
+    beta = torch.sigmoid(randn(g_, (T, H), torch.float32, device))
+    if dtype == torch.float64:
+        g, beta = g.double(), beta.double()
+    slots = list(range(1, S + 1)) if slots is None else slots
+    has_init = [i % 2 == 0 for i in range(S)] if has_init is None else has_init
+    pool = make_pool(S + 2, (H, V, K), torch.float64 if dtype == torch.float64 else torch.float32, device,
+                     layout=layout, seed=seed)
+    args = [q, k, v, g, beta, pool, qsl_from(lengths, device), torch.tensor(slots, dtype=torch.int32, device=device),
+            torch.tensor(has_init, dtype=torch.bool, device=device)]
+    return args, slots
+
+
+def _run(check, device, dtype, lengths, *, kw=None, scale=1.0, **case):
+    args, slots = _case(device, dtype, lengths, **case)
+    kw = dict(use_qk_l2norm=case.get("l2norm", True), **(kw or {}))
+    y, pool = run_pool_case(check, _impl(), OP, args, kw, pool_pos=5, live_slots=slots,
+                            y_mask=token_mask(lengths, slots), dtype=dtype, seed=case.get("seed", 0),
+                            shapes=dict(lengths=lengths, **{k: v for k, v in case.items() if k != "seed"}),
+                            scale=scale, out_like=args[2])
+    m = token_mask(lengths, slots).to(y.device)
+    assert bool(torch.isfinite(y[m]).all()), f"{OP}: non-finite output ({case})"
+    return args, y
+
+
+# ------------------------------------------------------------------------------------------------ chunk grid
+
+GRIDS = {
+    "mid-chunk starts": [3, 16, 17, 5],  # sequence starts at 3, 19, 36 of the packed stream
+    "one full chunk": [16],
+    "empty and single": [0, 1, 20, 0],
+    "many chunks": [70],
+}
+
+
+@pytest.mark.parametrize("lengths", list(GRIDS.values()), ids=list(GRIDS))
+def test_chunk_grid_edges(device, check, lengths):
+    """Per-sequence chunks: starts mid-chunk of the packed stream, short last chunks (padding that must not
+    decay or write), exactly one chunk, 70 tokens (5 chunks), empty and single-token sequences; outputs and
+    live slots match the oracle, unnamed slots bitwise unchanged, on a contiguous and a page-major pool."""
+    _module(device)
+    for layout in ("contiguous", "page_major"):
+        _run(check, device, torch.float32, lengths, layout=layout, seed=len(lengths))
+
+
+def test_pads_and_empty_sequences_mirror_torch(device):
+    """A pad request's tokens are computed from a zero state (as the torch implementation does) and its
+    slot untouched; an empty live sequence writes its initial state back (bitwise) or zeros without one."""
+    _module(device)
+    from harness.impls.registry import get
+    lengths = [4, 0, 6, 0, 5]
+    args, _ = _case(device, torch.float32, lengths, slots=[1, 2, -1, 4, 5], has_init=[True, True, True, False, False])
+    pool = args[5]
+    before = pool.clone()
+    ours = _impl().op(OP)(*args, use_qk_l2norm=True)
+    targs = list(args)
+    targs[5] = before.clone()
+    theirs = get("torch").op(OP)(*targs, use_qk_l2norm=True)
+    tol = tolerance_for(torch.float32)
+    pad_rows = slice(4, 10)
+    assert torch.allclose(ours[pad_rows], theirs[pad_rows], atol=tol.atol, rtol=tol.rtol), \
+        "pad request's outputs differ from the torch implementation's (zero initial state)"
+    assert_bitwise_equal("empty sequence with an initial state: its slot", pool[2], before[2])
+    assert_bitwise_equal("empty sequence without an initial state: its slot", pool[4], torch.zeros_like(pool[4]))
+    for s in (0, 3, 6):
+        assert_bitwise_equal(f"slot {s} (not named, or a pad's)", pool[s], before[s])
+
+
+# ------------------------------------------------------------------------------------------------ decays
+
+DECAYS = ["weak", "typical", "strong5", "strong30", "growth", "mixed"]
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_decay_regimes_match_reference(device, check, decay):
+    """Weak, typical, strong (-5 per token: fast path; down to -30: exact path), growing and mixed-sign
+    decays match the oracle on several sequences, every dtype of the device."""
+    _module(device)
+    for dtype in _dtypes(device):
+        _run(check, device, dtype, [5, 20, 11], decay=decay, seed=DECAYS.index(decay))
+
+
+def _spread_log2(g, BT):
+    """Per chunk of one sequence's g (L, K): max |G - G_mid| (the chunk start included) in log2 units, the
+    quantity the kernel compares with fast_thr."""
+    out = []
+    for c0 in range(0, g.shape[0], BT):
+        gc = torch.zeros(BT, g.shape[1], dtype=torch.float64)
+        gc[:min(BT, g.shape[0] - c0)] = g[c0:c0 + BT].double()
+        G = torch.cumsum(gc, 0) / math.log(2)
+        mid = G[BT // 2 - 1]
+        out.append(max(float((G - mid).abs().max()), float(mid.abs().max())))
+    return out
+
+
+def test_strong_decay_regimes_take_the_intended_path(device):
+    """The regimes above reach the path they are meant for with the default launch configuration: g ~ -5
+    per token keeps every chunk's split within fast_thr, g down to -30 sends every chunk to the exact path."""
+    kc = _module(device)
+    BT, thr = int(kc.CONFIG["bt"]), float(kc.CONFIG["fast_thr"])
+    g5 = _decays("strong5", gen(1), (64, 8), "cpu")
+    g30 = _decays("strong30", gen(1), (64, 8), "cpu")
+    assert max(_spread_log2(g5, BT)) <= thr, _spread_log2(g5, BT)
+    assert min(_spread_log2(g30, BT)) > thr, _spread_log2(g30, BT)
+
+
+@pytest.mark.parametrize("decay", ["typical", "growth", "strong5"])
+def test_exact_path_forced(device, check, decay):
+    """With fast_thr below 0 every chunk takes the exact path: it matches the oracle on the inputs the fast
+    path normally serves."""
+    kc = _module(device)
+    with mock.patch.dict(kc.CONFIG, {"fast_thr": -1.0}):
+        _run(check, device, torch.float32, [9, 23], decay=decay, seed=3)
+
+
+# ------------------------------------------------------------------------------------------------ launch variants
+
+@pytest.mark.parametrize("over", [{"bt": 32}, {"bv": 16}], ids=["bt32", "bv16"])
+def test_launch_variants(device, check, over):
+    """The chunk length 32 (two chunks and a short one in 70 tokens) and value blocks of 16 over V = 20 (a
+    partial second block) match the oracle, as every sweep candidate must."""
+    kc = _module(device)
+    with mock.patch.dict(kc.CONFIG, over):
+        _run(check, device, torch.float32, [3, 70], V=20, seed=4)
+
+
+def test_options_and_fp64(device, check):
+    """Without l2norm, with an explicit scale, in fp64 (the scale read exactly from a tensor)."""
+    _module(device)
+    _run(check, device, torch.float32, [7, 12], l2norm=False, kw=dict(scale=0.3), seed=5)
+    if device.startswith("cpu"):
+        _run(check, device, torch.float64, [7, 12], l2norm=False, kw=dict(scale=0.3), seed=5)
+
+
+def test_no_host_synchronisation(device):
+    """The op reads query_start_loc, cache_indices and has_initial_state only on the device (no .item(),
+    .tolist() or bool() of a tensor), so it can be captured in a CUDA graph (index checks off, as under
+    capture)."""
+    _module(device)
+    from harness.ops._checks import no_index_checks
+    args, _ = _case(device, torch.float32, [5, 0, 18])
+
+    def refuse(*a, **k):
+        raise AssertionError("host synchronisation inside kda_varlen")
+    with no_index_checks(), mock.patch.object(torch.Tensor, "item", refuse), \
+            mock.patch.object(torch.Tensor, "tolist", refuse), mock.patch.object(torch.Tensor, "__bool__", refuse):
+        _impl().op(OP)(*args, use_qk_l2norm=True)
