@@ -9,7 +9,7 @@ value-major state S (V, K) and l2-normalised, scaled q and k:
 1. `_gdn_prep_kernel`, one program per (chunk slot, value head), all chunks in parallel. The number of
    chunks is at most T // C + S; each program finds its sequence by counting chunks over query_start_loc
    on the device (no host sync; slots past the last chunk exit). It forms
-       A = strictly-lower(beta_i k_i . k_j exp(G_i - G_j)),   T = (I + A)^-1   (forward substitution),
+       A = strictly-lower(beta_i k_i . k_j exp(G_i - G_j)),   T = (I + A)^-1   (`_unit_lower_inverse`),
        w = T (beta exp(G) k)   (C, K),   u = T (beta v)   (C, V),
        Aqk = lower(q_i . k_j exp(G_i - G_j))   (C, C, diagonal included),
    and stores w, u, Aqk and G per token (scratch indexed like the activations, (T, Hv, .)).
@@ -42,10 +42,12 @@ from reference.delta_rule import L2NORM_EPS
 
 __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 
-# chunk: tokens per chunk (a power of two >= 16); bv: value rows per scan program (a power of two >= 16);
+# chunk: tokens per chunk (a power of two >= 16); sub: the diagonal blocks of the (I + A)^-1 substitution
+# (a power of two >= 16; chunk or more: one substitution over the whole chunk); bv: value rows per scan
+# program (a power of two >= 16);
 # *_warps / scan_stages: launch options; state_tf32: half inputs multiply the state in tf32 instead of
 # their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
-CONFIG = launch_config("delta_rule_chunk", {"chunk": 64, "bv": 32, "prep_warps": 4, "scan_warps": 4,
+CONFIG = launch_config("delta_rule_chunk", {"chunk": 64, "sub": 16, "bv": 32, "prep_warps": 4, "scan_warps": 4,
                                             "scan_stages": 2, "state_tf32": False})
 _L2EPS = tl.constexpr(L2NORM_EPS)
 
@@ -88,12 +90,47 @@ def _load_qk(ptr, tok, hk, valid, kcol, km, s0, s1, s2, scale, ACC: tl.constexpr
 
 
 @triton.jit
+def _unit_lower_inverse(A, rows, n, CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, ACC: tl.constexpr,
+                        PREC: tl.constexpr):
+    """(I + A)^-1 of a strictly lower (CH, CH) tile A whose rows and columns past n are zero.
+
+    The NB = CH // SUB diagonal (SUB, SUB) blocks are inverted together by forward substitution, column by
+    column (after step j, row j of each block is final and its contribution A[i, j] X[j, :] is gone from the
+    rows i > j): SUB - 1 steps on (NB, SUB, SUB) tiles. With D the block-diagonal part of I + A, D^-1 its
+    inverse and L the part below the diagonal blocks, M = D^-1 L is nilpotent of index NB, so
+    (I + A)^-1 = (I + M)^-1 D^-1 = (I - M)(I + M^2)(I + M^4)..(I + M^(NB/2)) D^-1: 2 log2(NB) dots."""
+    NB: tl.constexpr = CH // SUB
+    r = tl.arange(0, SUB)
+    bi = tl.arange(0, NB)
+    same = bi[:, None, None, None] == bi[None, None, :, None]  # (NB, 1, NB, 1)
+    A3 = tl.sum(tl.where(same, tl.reshape(A, (NB, SUB, NB, SUB)), 0.0), 2)  # the diagonal blocks
+    X3 = tl.zeros((NB, SUB, SUB), dtype=ACC) + tl.where(r[:, None] == r[None, :], 1.0, 0.0).to(ACC)[None, :, :]
+    for j in range(0, tl.minimum(n, SUB) - 1):
+        col = tl.sum(tl.where(r[None, None, :] == j, A3, 0.0), 2)  # (NB, SUB): A3[:, :, j]
+        row = tl.sum(tl.where(r[None, :, None] == j, X3, 0.0), 1)  # (NB, SUB): X3[:, j, :]
+        X3 = X3 - col[:, :, None] * row[:, None, :]
+    if NB == 1:
+        X = tl.reshape(X3, (CH, CH))
+    else:
+        D = tl.reshape(tl.where(same, X3[:, :, None, :], 0.0), (CH, CH))
+        rb = rows // SUB
+        L = tl.where(rb[:, None] != rb[None, :], A, 0.0)
+        M = tl.dot(D, L, input_precision=PREC, out_dtype=ACC)
+        P = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(ACC) - M
+        for _ in tl.static_range(LOG2NB - 1):
+            M = tl.dot(M, M, input_precision=PREC, out_dtype=ACC)
+            P = P + tl.dot(P, M, input_precision=PREC, out_dtype=ACC)
+        X = tl.dot(P, D, input_precision=PREC, out_dtype=ACC)
+    return X
+
+
+@triton.jit
 def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, gc_ptr,
                      S, HPK, K, V, scale_hi, scale_lo,
                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1, s_qsl,
                      sw0, sw1, su0, su1, sa0, sa1, sgc0, sgc1,
-                     CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
-                     L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+                     CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
                      TPREC: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -117,13 +154,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         kd = kt.to(DOT)
         kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
         A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
-        # T = (I + A)^-1 by forward substitution, column by column: after step j, row j of X is final and
-        # its contribution A[i, j] X[j, :] is gone from every row i > j. Rows past n stay e_i (A is 0 there).
-        X = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(ACC)
-        for j in range(0, n - 1):
-            col = tl.sum(tl.where(rows[None, :] == j, A, 0.0), 1)
-            row = tl.sum(tl.where(rows[:, None] == j, X, 0.0), 0)
-            X = X - col[:, None] * row[None, :]
+        X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
         qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
         tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
                  mask=valid[:, None])
@@ -227,6 +258,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         return o
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
+    SUB = min(CH, _pow2(CONFIG["sub"], "sub"))
     BK = max(16, next_power_of_2(K))
     BVP = min(max(16, next_power_of_2(V)), 64)  # value columns per step of the prep's u = T (beta v)
     BVS = min(BV, max(16, next_power_of_2(V)))
@@ -248,7 +280,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             S, Hv // Hk, K, V, sc_hi, sc_lo,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0), aqk.stride(1), *gc.stride(),
-            CH=CH, BK=BK, BV=BVP, BLOCK_S=min(1024, max(16, next_power_of_2(S))), L2NORM=bool(use_qk_l2norm),
+            CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP,
+            BLOCK_S=min(1024, max(16, next_power_of_2(S))), L2NORM=bool(use_qk_l2norm),
             ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, num_warps=int(CONFIG["prep_warps"]))
         _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
             q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
