@@ -78,6 +78,17 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (32, 4, 4, 1, 1), (64, 4, 2, 1, 1), (32, 8, 8, 1, 1), (16, 4, 2, 2, 1), (16, 8, 4, 2, 1),
             (32, 4, 2, 1, 0)]), applies=_layout("mamba1")),
     ],
+    "gated_delta_rule_varlen": [
+        # the per-sequence state scan: value rows per program (programs at batch 1: Hv * V / bv), warps, stages
+        SweepGroup("scan", "delta_rule_chunk", _rows(("bv", "scan_warps", "scan_stages"), [
+            (32, 4, 2), (16, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2), (16, 4, 3),
+            (64, 8, 2), (64, 8, 3)])),
+        # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
+        SweepGroup("prep", "delta_rule_chunk", _rows(("sub", "prep_warps"), [
+            (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8), (16, 2)])),
+        SweepGroup("chunk", "delta_rule_chunk", [{"chunk": 32, "sub": 16}, {"chunk": 32, "sub": 32, "bv": 64},
+                                                 {"chunk": 64, "state_tf32": True}]),
+    ],
     "gated_delta_rule_update": [
         SweepGroup("gdn", "delta_rule_update", _grid(gdn_bv=(8, 16, 32, 64), gdn_warps=(1, 2, 4, 8))),
         SweepGroup("small_batch", "delta_rule_update", _grid(min_programs=(0, 256, 1024, 2048)),

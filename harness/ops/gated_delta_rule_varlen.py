@@ -10,6 +10,8 @@ gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_ind
 """
 from __future__ import annotations
 
+import torch
+
 from harness.ops import _delta as D
 
 SPEC = D.make_spec("gdn", True, "gated_delta_rule_varlen", __doc__, shapes={
@@ -17,5 +19,8 @@ SPEC = D.make_spec("gdn", True, "gated_delta_rule_varlen", __doc__, shapes={
     # Qwen3-Next's layer (Hk 16, Hv 32, K = V = 128), batch 1
     "gpu": [dict(T=4096, Hk=16, Hv=32, K=128, V=128, S=1), dict(T=16384, Hk=16, Hv=32, K=128, V=128, S=1)],
     "contract": [dict(T=5, Hk=2, Hv=4, K=3, V=2, S=2, fresh=1, l2norm=False)],
+    # the Triton launch variants: l2norm on and off, fp32 and activation-dtype pools
+    "aot": [dict(T=200, Hk=2, Hv=4, K=128, V=128, S=2, fresh=1, l2norm=l2, pool_dtype=p)
+            for l2 in (True, False) for p in (torch.float32, "act")],
 })
 validate_gated_delta_rule_varlen = SPEC.validate

@@ -1,0 +1,294 @@
+"""Gated DeltaNet chunked prefill (op `gated_delta_rule_varlen` of harness.ops) in Triton: two launches.
+
+The chunk grid is per sequence: chunk k of sequence s covers tokens [q[s] + k*C, min(q[s] + (k+1)*C, q[s+1])),
+so every chunk belongs to one sequence and a sequence's last chunk may be shorter. Positions of a tile past a
+chunk's end are loaded as selected zeros (masked loads, never another request's values times a zero mask),
+so they neither decay nor write the state. With G the in-chunk cumulative log-decay (G_i = g_1 + .. + g_i),
+value-major state S (V, K) and l2-normalised, scaled q and k:
+
+1. `_gdn_prep_kernel`, one program per (chunk slot, value head), all chunks in parallel. The number of
+   chunks is at most T // C + S; each program finds its sequence by counting chunks over query_start_loc
+   on the device (no host sync; slots past the last chunk exit). It forms
+       A = strictly-lower(beta_i k_i . k_j exp(G_i - G_j)),   T = (I + A)^-1   (`_unit_lower_inverse`),
+       w = T (beta exp(G) k)   (C, K),   u = T (beta v)   (C, V),
+       Aqk = lower(q_i . k_j exp(G_i - G_j))   (C, C, diagonal included),
+   and stores w, u, Aqk and G per token (scratch indexed like the activations, (T, Hv, .)).
+   Pairwise decays are exponentials of differences masked to i >= j before the exp, so decays of any
+   strength give exact zeros, never inf * 0, and a positive g (a growing state) stays exact where finite.
+2. `_gdn_scan_kernel`, one program per (sequence, value head, block of BV value rows), walking the
+   sequence's chunks in order with its (BV, K) state tile in registers (fp32; fp64 for fp64 inputs):
+       v' = u - w S^T,   o = (exp(G) q) S^T + Aqk v',   S <- exp(G_last) S + v'^T (exp(G_last - G) k).
+   The state starts from the pool slot (cache_indices) where has_initial_state, from zeros otherwise
+   (pad requests included: their outputs are the zero-state recurrence, as the torch implementation
+   gives); live requests write their final state back in place (an empty live sequence writes its
+   initial state, zeros without has_initial_state); pads and unnamed slots are never touched. The pool
+   may be any strided view: it is addressed through its strides.
+
+Dots: fp32 inputs multiply in fp32 ("ieee"), fp64 in fp64; half inputs feed their q / k / v / scratch
+and state operands to the tensor cores in their own dtype with fp32 accumulation, and the products with T
+in tf32. Token, slot and head offsets are int64.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from harness import ops as C_
+from harness.impls.registry import provides
+from harness.impls.triton._common import cdiv, device_guard, launch_config, next_power_of_2
+from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
+from reference.delta_rule import L2NORM_EPS
+
+__all__ = ["gated_delta_rule_varlen", "CONFIG"]
+
+# chunk: tokens per chunk (a power of two >= 16); sub: the diagonal blocks of the (I + A)^-1 substitution
+# (a power of two >= 16; chunk or more: one substitution over the whole chunk); bv: value rows per scan
+# program (a power of two >= 16);
+# *_warps / scan_stages: launch options; state_tf32: half inputs multiply the state in tf32 instead of
+# their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
+CONFIG = launch_config("delta_rule_chunk", {"chunk": 64, "sub": 16, "bv": 32, "prep_warps": 4, "scan_warps": 4,
+                                            "scan_stages": 2, "state_tf32": False})
+_L2EPS = tl.constexpr(L2NORM_EPS)
+
+
+@triton.jit
+def _locate(c, qsl_ptr, s_qsl, S, CH: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(start token, length) of chunk slot c of the per-sequence grid; length 0 for a slot past the last
+    chunk. Counts the chunks of the sequences wholly before c (no host-side table)."""
+    seq = tl.zeros((), dtype=tl.int64)
+    before = tl.zeros((), dtype=tl.int64)
+    carry = tl.zeros((), dtype=tl.int64)
+    for s0 in range(0, S, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        m = offs < S
+        a = tl.load(qsl_ptr + offs.to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
+        b = tl.load(qsl_ptr + (offs + 1).to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
+        nch = tl.where(m, (b - a + CH - 1) // CH, 0)
+        incl = carry + tl.cumsum(nch, 0)
+        done = m & (incl <= c)
+        seq += tl.sum(done.to(tl.int64), 0)
+        before += tl.sum(tl.where(done, nch, 0), 0)
+        carry += tl.sum(nch, 0)
+    valid = seq < S
+    q0 = tl.load(qsl_ptr + seq * s_qsl, mask=valid, other=0).to(tl.int64)
+    q1 = tl.load(qsl_ptr + (seq + 1) * s_qsl, mask=valid, other=0).to(tl.int64)
+    start = q0 + (c - before) * CH
+    length = tl.where(valid, tl.minimum(q1 - start, CH), 0)
+    return start, length
+
+
+@triton.jit
+def _load_qk(ptr, tok, hk, valid, kcol, km, s0, s1, s2, scale, ACC: tl.constexpr, L2NORM: tl.constexpr):
+    """A (CH, BK) tile of q or k rows `tok` of key head hk in the compute dtype (zeros off `valid`),
+    l2-normalised over K if L2NORM, times `scale`."""
+    x = tl.load(ptr + tok[:, None] * s0 + hk * s1 + kcol[None, :] * s2, mask=valid[:, None] & km[None, :],
+                other=0.0).to(ACC)
+    if L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, 1) + _L2EPS)[:, None]
+    return x * scale
+
+
+@triton.jit
+def _unit_lower_inverse(A, rows, n, CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, ACC: tl.constexpr,
+                        PREC: tl.constexpr):
+    """(I + A)^-1 of a strictly lower (CH, CH) tile A whose rows and columns past n are zero.
+
+    The NB = CH // SUB diagonal (SUB, SUB) blocks are inverted together by forward substitution, column by
+    column (after step j, row j of each block is final and its contribution A[i, j] X[j, :] is gone from the
+    rows i > j): SUB - 1 steps on (NB, SUB, SUB) tiles. With D the block-diagonal part of I + A, D^-1 its
+    inverse and L the part below the diagonal blocks, M = D^-1 L is nilpotent of index NB, so
+    (I + A)^-1 = (I + M)^-1 D^-1 = (I - M)(I + M^2)(I + M^4)..(I + M^(NB/2)) D^-1: 2 log2(NB) dots."""
+    NB: tl.constexpr = CH // SUB
+    r = tl.arange(0, SUB)
+    bi = tl.arange(0, NB)
+    same = bi[:, None, None, None] == bi[None, None, :, None]  # (NB, 1, NB, 1)
+    A3 = tl.sum(tl.where(same, tl.reshape(A, (NB, SUB, NB, SUB)), 0.0), 2)  # the diagonal blocks
+    X3 = tl.zeros((NB, SUB, SUB), dtype=ACC) + tl.where(r[:, None] == r[None, :], 1.0, 0.0).to(ACC)[None, :, :]
+    for j in range(0, tl.minimum(n, SUB) - 1):
+        col = tl.sum(tl.where(r[None, None, :] == j, A3, 0.0), 2)  # (NB, SUB): A3[:, :, j]
+        row = tl.sum(tl.where(r[None, :, None] == j, X3, 0.0), 1)  # (NB, SUB): X3[:, j, :]
+        X3 = X3 - col[:, :, None] * row[:, None, :]
+    if NB == 1:
+        X = tl.reshape(X3, (CH, CH))
+    else:
+        D = tl.reshape(tl.where(same, X3[:, :, None, :], 0.0), (CH, CH))
+        rb = rows // SUB
+        L = tl.where(rb[:, None] != rb[None, :], A, 0.0)
+        M = tl.dot(D, L, input_precision=PREC, out_dtype=ACC)
+        P = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(ACC) - M
+        for _ in tl.static_range(LOG2NB - 1):
+            M = tl.dot(M, M, input_precision=PREC, out_dtype=ACC)
+            P = P + tl.dot(P, M, input_precision=PREC, out_dtype=ACC)
+        X = tl.dot(P, D, input_precision=PREC, out_dtype=ACC)
+    return X
+
+
+@triton.jit
+def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, gc_ptr,
+                     S, HPK, K, V, scale_hi, scale_lo,
+                     sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1, s_qsl,
+                     sw0, sw1, su0, su1, sa0, sa1, sgc0, sgc1,
+                     CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
+                     DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
+    if n > 0:
+        hk = h // HPK
+        rows = tl.arange(0, CH)
+        valid = rows < n
+        tok = start + rows.to(tl.int64)
+        kcol = tl.arange(0, BK)
+        km = kcol < K
+        scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+        kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+        qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
+        gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
+        bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
+        G = tl.cumsum(gt, 0)
+        tl.store(gc_ptr + tok * sgc0 + h * sgc1, G.to(gc_ptr.dtype.element_ty), mask=valid)
+        # exp(G_i - G_j) for i >= j, exact zeros above the diagonal (the difference is masked, not the result)
+        dec = tl.exp(tl.where(rows[:, None] >= rows[None, :], G[:, None] - G[None, :], float("-inf")))
+        kd = kt.to(DOT)
+        kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
+        A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
+        X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
+        qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
+        tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
+                 mask=valid[:, None])
+        kb = (bt * tl.exp(G))[:, None] * kt
+        w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
+        tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], w.to(w_ptr.dtype.element_ty),
+                 mask=valid[:, None] & km[None, :])
+        for v0 in range(0, V, BV):
+            vcol = v0 + tl.arange(0, BV)
+            vm = vcol < V
+            m2 = valid[:, None] & vm[None, :]
+            vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
+            u = tl.dot(X, bt[:, None] * vt, input_precision=TPREC, out_dtype=ACC)
+            tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
+                     HPK, K, V, pad_id, scale_hi, scale_lo,
+                     sq0, sq1, sq2, sk0, sk1, sk2, sw0, sw1, su0, su1, sa0, sa1, sgc0, sgc1, so0, so1, so2,
+                     ss0, ss1, ss2, ss3, s_qsl, s_idx, s_hi,
+                     CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                     ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SDOT: tl.constexpr,
+                     SPREC: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    vb = tl.program_id(2)
+    hk = h // HPK
+    q0 = tl.load(qsl_ptr + s * s_qsl).to(tl.int64)
+    q1 = tl.load(qsl_ptr + (s + 1) * s_qsl).to(tl.int64)
+    slot = tl.load(idx_ptr + s * s_idx).to(tl.int64)
+    live = slot != pad_id
+    use = live & (tl.load(hi_ptr + s * s_hi) != 0)
+    slot = tl.where(live, slot, 0)
+    rows = tl.arange(0, CH)
+    kcol = tl.arange(0, BK)
+    km = kcol < K
+    vrow = vb * BV + tl.arange(0, BV)
+    vm = vrow < V
+    # the flags as vectors (the interpreter mishandles vector & scalar bools)
+    livev = (vrow * 0 + live.to(tl.int32)) != 0
+    usev = (vrow * 0 + use.to(tl.int32)) != 0
+    sptr = st_ptr + slot * ss0 + h * ss1 + vrow[:, None].to(tl.int64) * ss2 + kcol[None, :] * ss3
+    smask = vm[:, None] & km[None, :]
+    st = tl.load(sptr, mask=smask & usev[:, None], other=0.0).to(ACC)  # (BV, BK)
+    scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+    for t0 in range(q0, q1, CH):
+        n = tl.minimum(q1 - t0, CH)
+        valid = rows < n
+        tok = t0 + rows.to(tl.int64)
+        m2 = valid[:, None] & vm[None, :]
+        qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
+        kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+        G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
+        g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+        wt = tl.load(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], mask=valid[:, None] & km[None, :],
+                     other=0.0)
+        ut = tl.load(u_ptr + tok[:, None] * su0 + h * su1 + vrow[None, :], mask=m2, other=0.0).to(ACC)
+        at = tl.load(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], mask=valid[:, None], other=0.0)
+        sT = tl.trans(st.to(SDOT))  # (BK, BV)
+        vn = ut - tl.dot(wt.to(SDOT), sT, input_precision=SPREC, out_dtype=ACC)  # (CH, BV)
+        qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
+        o = tl.dot(qe.to(SDOT), sT, input_precision=SPREC, out_dtype=ACC)
+        o += tl.dot(at.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
+        tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
+                 o.to(o_ptr.dtype.element_ty), mask=m2)
+        kend = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
+        st = st * tl.exp(g_last) + tl.dot(tl.trans(vn.to(DOT)), kend.to(DOT), input_precision=PREC, out_dtype=ACC)
+    tl.store(sptr, st.to(st_ptr.dtype.element_ty), mask=smask & livev[:, None])
+
+
+def _dot_types(dtype: torch.dtype, state_tf32: bool):
+    """(compute, operand dtype, precision, state operand dtype, state precision, T-product precision)."""
+    if dtype == torch.float64:
+        return tl.float64, tl.float64, "ieee", tl.float64, "ieee", "ieee"
+    if dtype == torch.float32:
+        return tl.float32, tl.float32, "ieee", tl.float32, "ieee", "ieee"
+    half = tl.float16 if dtype == torch.float16 else tl.bfloat16
+    if state_tf32:
+        return tl.float32, half, "ieee", tl.float32, "tf32", "tf32"
+    return tl.float32, half, "ieee", half, "ieee", "tf32"
+
+
+def _pow2(n: int, name: str) -> int:
+    n = int(n)
+    if n < 16 or n & (n - 1):
+        from reference.validate import fail
+        fail(f"delta_rule_chunk CONFIG {name}", "a power of two >= 16", repr(n))
+    return n
+
+
+@provides("triton", "gated_delta_rule_varlen")
+def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                            *, scale=None, use_qk_l2norm=False, pad_slot_id=C_.PAD_SLOT_ID, out=None):
+    """Gated DeltaNet over packed sequences (see harness.ops for the contract)."""
+    T, Hk, Hv, K, V, S = C_.validate_gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc,
+                                                              cache_indices, has_initial_state, scale,
+                                                              use_qk_l2norm, pad_slot_id, out)
+    o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
+    if S == 0:
+        return o
+    CH = _pow2(CONFIG["chunk"], "chunk")
+    BV = _pow2(CONFIG["bv"], "bv")
+    SUB = min(CH, _pow2(CONFIG["sub"], "sub"))
+    BK = max(16, next_power_of_2(K))
+    BVP = min(max(16, next_power_of_2(V)), 64)  # value columns per step of the prep's u = T (beta v)
+    BVS = min(BV, max(16, next_power_of_2(V)))
+    ACC, DOT, PREC, SDOT, SPREC, TPREC = _dot_types(q.dtype, bool(CONFIG["state_tf32"]))
+    cd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sd = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else cd  # scratch of w, u, Aqk
+    dev = v.device
+    w = torch.empty((T, Hv, K), dtype=sd, device=dev)
+    u = torch.empty((T, Hv, V), dtype=sd, device=dev)
+    aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
+    gc = torch.empty((T, Hv), dtype=cd, device=dev)
+    sc = float(K ** -0.5 if scale is None else scale)
+    sc_hi, sc_lo = split_limit(sc)
+    hi = has_initial_state.view(torch.uint8)
+    NC = chunk_table_size(T, S, CH)
+    with device_guard(v):
+        _gdn_prep_kernel[(NC, Hv)](
+            q, k, v, g, beta, query_start_loc, w, u, aqk, gc,
+            S, Hv // Hk, K, V, sc_hi, sc_lo,
+            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0), aqk.stride(1), *gc.stride(),
+            CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP,
+            BLOCK_S=min(1024, max(16, next_power_of_2(S))), L2NORM=bool(use_qk_l2norm),
+            ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, num_warps=int(CONFIG["prep_warps"]))
+        _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
+            q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
+            Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
+            *q.stride(), *k.stride(), w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0),
+            aqk.stride(1), *gc.stride(), *o.stride(), *ssm_states.stride(), query_start_loc.stride(0),
+            cache_indices.stride(0), hi.stride(0),
+            CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
+            SPREC=SPREC, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+    return o

@@ -1,0 +1,154 @@
+"""Kernel suite: the Triton chunked prefill of `gated_delta_rule_varlen` (harness/impls/triton/delta_rule_chunk.py)
+at its own edges, against the float64 oracle through the op contract: sequences that start mid-chunk of the
+packed stream, a last chunk that is not full, many chunks, chunk sizes 16 / 32 / 64, the diagonal-block size
+of the (I + A)^-1 substitution, Hv > Hk, empty and one-token sequences among pads, a growing state (g > 0),
+decays that underflow, and padding past a short last chunk that must stay inert (the next request's
+non-finite values reach neither the earlier request's outputs nor its state).
+
+Runs where the `triton` implementation does (CPU through the interpreter: fp32 / fp64, tiny shapes).
+"""
+from unittest import mock
+
+import pytest
+import torch
+
+from harness.checks import assert_bitwise_equal
+from harness.impls.optest import gen, other_layout_pool, qsl_from, rand, randn, require, run_pool_case
+from harness.testing import make_pool
+
+OP = "gated_delta_rule_varlen"
+PAD = -1
+
+
+def _kernel(impl, dtype):
+    """The kernel module (skipped unless the implementation under test is `triton`)."""
+    if impl.name != "triton":
+        pytest.skip(f"kernel-specific cases of the triton implementation (this run tests {impl.name!r})")
+    require(impl, OP, dtype)
+    from harness.impls.triton import delta_rule_chunk
+    return delta_rule_chunk
+
+
+def _case(lengths, device, dtype, *, Hk=1, Hv=2, K=8, V=5, slots=None, init=None, g_range=(-1.0, 0.0),
+          l2norm=True, seed=0, layout="contiguous"):
+    """Positional args of the op and the live slots. slots: per request (-1 a pad), default 1..S; init:
+    has_initial_state per request, default alternating from True. q, k ~ N(0, 1/K) (|k| ~ 1 without l2norm),
+    g ~ U(g_range), beta ~ sigmoid(N(0, 1)); g and beta float32."""
+    g_ = gen(seed)
+    S, T = len(lengths), sum(lengths)
+    s = 1.0 if l2norm else K ** -0.5
+    q, k = randn(g_, (T, Hk, K), dtype, device, scale=s), randn(g_, (T, Hk, K), dtype, device, scale=s)
+    v = randn(g_, (T, Hv, V), dtype, device)
+    g = rand(g_, (T, Hv), torch.float32, device, *g_range)
+    beta = torch.sigmoid(randn(g_, (T, Hv), torch.float32, device))
+    slots = list(range(1, S + 1)) if slots is None else list(slots)
+    init = [i % 2 == 0 for i in range(S)] if init is None else list(init)
+    pool = make_pool(max(slots + [0]) + 2, (Hv, V, K), torch.float64 if dtype == torch.float64 else torch.float32,
+                     device, layout=layout, seed=seed)
+    args = [q, k, v, g, beta, pool, qsl_from(lengths, device), torch.tensor(slots, dtype=torch.int32, device=device),
+            torch.tensor(init, dtype=torch.bool, device=device)]
+    return args, slots
+
+
+def _check(check, impl, args, slots, dtype, *, l2norm=True, layout=None, **shapes):
+    """Outputs of every token (pads' included: the zero-state recurrence) and the live slots against the
+    float64 oracle; every other slot bitwise unchanged. `layout`: the pool's layout, to run again on a
+    copy in the other one."""
+    alt = (other_layout_pool(args[5], layout),) if layout else ()
+    return run_pool_case(check, impl, OP, args, dict(use_qk_l2norm=l2norm), pool_pos=5, live_slots=slots, y_mask=None,
+                         dtype=dtype, seed=0, shapes=shapes, out_like=args[2], alt_pools=alt)
+
+
+DTYPES = [torch.float32, torch.float64]
+DT_IDS = ["float32", "float64"]
+
+# (id, lengths, slots, has_initial_state, heads (Hk, Hv)): each chunk size runs each
+BOUNDARY_CASES = [
+    ("mid-chunk starts", lambda C: (5, C + 2, 3, 11), None, None, (1, 2)),
+    ("short last chunk", lambda C: (C + 3,), None, (True,), (1, 2)),
+    ("one short of a chunk", lambda C: (C - 1, 2), None, (False, True), (1, 2)),
+    ("empty and one-token among pads", lambda C: (0, 1, 0, 7, 4), (1, PAD, 3, 2, PAD), (True, True, False, False,
+                                                                                         True), (1, 2)),
+    ("Hv > Hk", lambda C: (9, C - 5), None, None, (2, 6)),
+]
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+@pytest.mark.parametrize("case", BOUNDARY_CASES, ids=[c[0] for c in BOUNDARY_CASES])
+def test_chunk_boundaries(impl, device, check, chunk, case):
+    """Per-sequence chunking at chunk sizes 16 / 32 / 64: requests starting anywhere in the packed stream,
+    last chunks that are not full, empty / one-token requests and pads, value heads sharing key heads."""
+    M = _kernel(impl, torch.float32)
+    _, lengths, slots, init, (Hk, Hv) = case
+    args, live = _case(lengths(chunk), device, torch.float32, Hk=Hk, Hv=Hv, slots=slots, init=init, seed=chunk)
+    with mock.patch.dict(M.CONFIG, {"chunk": chunk, "sub": 16}):
+        _check(check, impl, args, live, torch.float32, chunk=chunk, lengths=lengths(chunk))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_many_chunks(impl, device, check, dtype):
+    """A request spanning six chunks (the state carried chunk to chunk) after a short one, in a page-major
+    pool and again in a contiguous one."""
+    M = _kernel(impl, dtype)
+    args, live = _case((3, 16 * 5 + 7), device, dtype, Hk=1, Hv=2, init=(True, True), seed=3, layout="page_major")
+    with mock.patch.dict(M.CONFIG, {"chunk": 16}):
+        _check(check, impl, args, live, dtype, layout="page_major")
+
+
+@pytest.mark.parametrize("sub", [16, 32, 64])
+def test_inverse_block_sizes(impl, device, check, sub):
+    """(I + A)^-1 with diagonal blocks of 16 / 32 / 64 tokens (blockwise merge or one substitution) inside
+    chunks of 64: a full chunk and a short one."""
+    M = _kernel(impl, torch.float32)
+    args, live = _case((70, 6), device, torch.float32, K=16, V=16, seed=sub, l2norm=False)
+    with mock.patch.dict(M.CONFIG, {"chunk": 64, "sub": sub}):
+        _check(check, impl, args, live, torch.float32, l2norm=False, sub=sub)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_growing_state(impl, device, check, dtype):
+    """g > 0 (the contract admits it: the state grows by up to e^0.25 a token) across chunk boundaries;
+    exponents exp(G_i - G_j), i >= j, are then >= 1 and must not be clamped."""
+    M = _kernel(impl, dtype)
+    args, live = _case((21, 13), device, dtype, g_range=(0.0, 0.25), init=(True, True), seed=11)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16}):
+        _check(check, impl, args, live, dtype, g="U(0, 0.25)")
+
+
+def test_strong_decay_underflows_to_zero(impl, device, check):
+    """g down to -30 a token: pairwise decays of a chunk underflow to exact zeros (masked exponents, never
+    inf * 0); outputs and states finite and equal to the oracle."""
+    M = _kernel(impl, torch.float32)
+    args, live = _case((19, 7), device, torch.float32, g_range=(-30.0, -5.0), seed=5)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16}):
+        y, pool = _check(check, impl, args, live, torch.float32, g="U(-30, -5)")
+    assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(pool).all())
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30], ids=["nan", "inf", "huge"])
+def test_padding_past_a_short_last_chunk_is_inert(impl, device, value):
+    """A request of 13 tokens (chunk 16) followed by one whose q, k, v, g and beta hold `value`: the tile
+    positions past the first request's end (the second's tokens) change neither its outputs nor its final
+    state, bit for bit."""
+    M = _kernel(impl, torch.float32)
+    clean, _ = _case((13, 8), device, torch.float32, init=(True, False), seed=2)
+    dirty = [a.clone() for a in clean]
+    for i in range(5):
+        dirty[i][13:] = value
+    with mock.patch.dict(M.CONFIG, {"chunk": 16}):
+        yc = impl.op(OP)(*clean, use_qk_l2norm=True)
+        yd = impl.op(OP)(*dirty, use_qk_l2norm=True)
+    assert_bitwise_equal("outputs of the first request", yd[:13], yc[:13])
+    assert_bitwise_equal("final state of the first request (slot 1)", dirty[5][1], clean[5][1])
+    assert bool(torch.isfinite(yc).all())
+
+
+def test_large_batch_on_gpu(impl, device, check):
+    """GPU only (too slow for the interpreter): bf16 activations at the layer's head size (K = V = 128),
+    Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default."""
+    if device.startswith("cpu"):
+        pytest.skip("a GPU case: thousands of tokens at K = V = 128 are too slow for the Triton interpreter")
+    _kernel(impl, torch.bfloat16)
+    args, live = _case((1000, 1, 333, 64, 0), device, torch.bfloat16, Hk=2, Hv=4, K=128, V=128, seed=9,
+                       slots=(3, PAD, 1, 2, 4))
+    _check(check, impl, args, live, torch.bfloat16, layout="contiguous")
