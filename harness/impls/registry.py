@@ -36,6 +36,7 @@ BUILTIN_MODULES = [
     "harness.impls.adapters.mamba_ssm",
     "harness.impls.adapters.causal_conv1d",
     "harness.impls.adapters.fla",
+    "harness.impls.adapters.vllm",
 ]
 
 DEVICE_KINDS = ("cpu", "cuda", "xpu")
