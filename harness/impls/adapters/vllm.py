@@ -1,0 +1,385 @@
+"""Adapter for vLLM 0.33.0's Triton kernels (`--impl vllm`).
+
+Where the code comes from: `SOURCE` extracts the kernel files from the vllm==0.33.0 wheel (about 0.4 MB)
+behind our stubs (`_vllm_stubs`); where vllm itself is installed, the same module paths import it.
+
+* causal_conv1d_varlen <- mamba.ops.causal_conv1d.causal_conv1d_fn on x as (dim, T) with stride(0) == 1
+  (a token-major tensor's transpose, as vLLM's mixers pass it), metadata=None. Cache lines equal to
+  `null_block_id` are skipped; vLLM's default null block is slot 0, so the adapter passes our pad id
+  (the kernel's own `pad_slot_id` is the sentinel of unused programs, vLLM's PAD_SLOT_ID = -1).
+  Without metadata the function copies the sequence lengths to the host to size its grid: vLLM's prefill
+  conv is not CUDA-graph capturable (vLLM runs prefills eagerly and builds that metadata on the host).
+  Widths 2..4 only (the varlen kernel's token loop handles no other width). Empty sequences launch no
+  program, so the slots of empty live requests are set here as the contract says (the initial window,
+  or zeros without one); vLLM never schedules an empty prefill.
+* causal_conv1d_update <- causal_conv1d_update with conv_state_indices and null_block_id = our pad id
+  (widths 2..6).
+* selective_state_update <- mamba.ops.mamba_ssm.selective_state_update with null_block_id = our pad id.
+  Mamba-2 layout: A, dt, dt_bias, D broadcast over P with stride-0 views (its tie_hdim path); Mamba-1
+  layout: state (num_slots, Dm, N) as one head, one group of B/C only. It requires D and dt_bias (zeros
+  are passed where the contract's are None). Not supported: dt_limit other than (0, inf) (no clamp), and
+  without dt_softplus a negative dt (no clamp at 0).
+* ssd_varlen <- mamba.ops.ssd_combined.mamba_chunk_scan_combined_varlen with vLLM's per-request chunk
+  metadata built on the device: every sequence is cut at multiples of chunk_size from its first token
+  (vLLM counts from num_computed_tokens; the op has no prefix length, i.e. 0), giving cu_chunk_seqlens,
+  last_chunk_indices (an empty sequence repeats the previous index, so its state passes through) and the
+  per-chunk seq_idx. One host read sizes them (the chunk count; vLLM knows it from its CPU-side batch).
+  Initial states are gathered as vLLM's Mamba-2 mixer does (torch.where(has_initial_state, pool[slot], 0),
+  only when some request has one); the final states go straight into the pool through the kernel's
+  final_states_out / final_state_indices when no request is a pad and the pool's (P, N) dims flatten to a
+  view, else they come back and are written for the live requests only (the fused write has no pad check).
+  chunk_size must be a power of 2. Decays only: it clamps the segment-sum exponents at 0, so A > 0, A = -inf
+  or a negative dt_limit low end are declined. fp32 inputs run its tl.dot in TF32 on the GPU (fp32_matmul="tf32").
+* gated_rms_norm <- mamba.ops.layernorm_gated.rms_norm_gated.
+* gated_delta_rule_varlen <- third_party.flash_linear_attention.ops.chunk_gated_delta_rule (vLLM's copy of
+  fla): bf16/fp16 only (it asserts against fp32 inputs).
+* gated_delta_rule_update <- fused_recurrent_gated_delta_rule in vLLM's decode form: batch 1, cu_seqlens
+  of one token per row, the pool as initial_state with ssm_state_indices and inplace_final_state=True.
+* kda_varlen <- models.kimi_k3.nvidia.ops.third_party.kda.chunk_kda (the KDA kernels Kimi-Linear is served
+  with in 0.33.0; log-decay gates, no fused gate).
+* kda_update <- the same package's fused_recurrent_kda_fwd (use_gate_in_kernel=False), q/k/v as views of
+  one packed buffer as vLLM passes them.
+The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a live request on slot 0 is
+declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves. They index the pool
+as dense slots, so a pool whose slots are not contiguous inside is declined. The chunked GDN/KDA prefill
+runs the live non-empty sequences with states gathered from and written back to the pool on the device
+(as vLLM's mixers do around these kernels), which serves slot 0 too.
+Not adapted: selective_scan_varlen (vLLM's Mamba-1 prefill is a compiled _C op).
+Under Triton's interpreter (CPU, fp32) only ssd_varlen and gated_rms_norm run; INTERPRETER_LIMITS says why
+each other op cannot (interpreter limits, not vLLM bugs), so the Impl leaves those out there.
+Every op validates with harness.ops first, so bad input fails as for our kernels.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import torch
+
+from harness import ops as C
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters._source import PeerSource
+from harness.impls.adapters._vllm_stubs import STUBS
+from harness.impls.adapters.fla import _gather, _scatter, _varlen
+from harness.impls.registry import Impl, register
+from harness.impls.triton._common import has_gpu, interpreting
+
+_MAMBA = "vllm/model_executor/layers/mamba/ops/"
+_FLA = "vllm/third_party/flash_linear_attention/ops/"
+_KDA = "vllm/models/kimi_k3/nvidia/ops/third_party/kda/"
+
+SOURCE = PeerSource(
+    wheel="vllm==0.33.0",
+    files=tuple(_MAMBA + f for f in (
+        "causal_conv1d.py", "mamba_ssm.py", "triton_helpers.py", "layernorm_gated.py", "ssd_bmm.py",
+        "ssd_chunk_scan.py", "ssd_chunk_state.py", "ssd_combined.py", "ssd_state_passing.py",
+        "configs/selective_state_update/*.json")) + tuple(_FLA + f for f in (
+        "chunk.py", "chunk_delta_h.py", "chunk_o.py", "chunk_scaled_dot_kkt.py", "cumsum.py", "fused_recurrent.py",
+        "index.py", "l2norm.py", "op.py", "solve_tril.py", "utils.py", "wy_fast.py")) + (
+        "vllm/third_party/flash_linear_attention/LICENSE", _KDA + "*.py",
+        "vllm/triton_utils/__init__.py", "vllm/triton_utils/tensor_descriptor.py",
+        "vllm/triton_utils/force_first_config.py", "vllm/utils/math_utils.py",
+        "vllm/v1/attention/backends/mamba_attn.py"),
+    stubs=STUBS,
+    packages=("vllm", "vllm/model_executor", "vllm/model_executor/layers", "vllm/model_executor/layers/mamba",
+              "vllm/model_executor/layers/mamba/ops", "vllm/third_party", "vllm/third_party/flash_linear_attention",
+              "vllm/third_party/flash_linear_attention/ops", "vllm/models", "vllm/models/kimi_k3",
+              "vllm/models/kimi_k3/nvidia", "vllm/models/kimi_k3/nvidia/ops",
+              "vllm/models/kimi_k3/nvidia/ops/third_party", "vllm/utils", "vllm/v1", "vllm/v1/attention",
+              "vllm/v1/attention/backends"),
+)
+
+_CONV = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
+_SSU = "vllm.model_executor.layers.mamba.ops.mamba_ssm"
+_SSD = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+_NORM = "vllm.model_executor.layers.mamba.ops.layernorm_gated"
+_GDN_CHUNK = "vllm.third_party.flash_linear_attention.ops.chunk"
+_GDN_REC = "vllm.third_party.flash_linear_attention.ops.fused_recurrent"
+_KDA_OPS = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"
+_MODULES = (_CONV, _SSU, _SSD, _NORM, _GDN_CHUNK, _GDN_REC, _KDA_OPS)
+
+
+def _emit(y, out):
+    if out is None:
+        return y
+    if y is not out:
+        out.copy_(y)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- conv
+
+
+def _segments(query_start_loc, size: int):
+    """Cut every sequence of the packed batch into blocks of `size` tokens from its first token (the last
+    block of a sequence may be shorter; an empty sequence has none). Returns, on the device of
+    query_start_loc: the sequence of each block, its index inside the sequence, the running block count per
+    sequence (int64), and the number of blocks (one host read: it sizes the tensors)."""
+    q = query_start_loc.to(torch.int64)
+    lens = q[1:] - q[:-1]
+    n = (lens + size - 1) // size
+    ends = torch.cumsum(n, 0)
+    total = int(ends[-1]) if ends.numel() else 0
+    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=q.device), n, output_size=total)
+    return seq, torch.arange(total, device=q.device) - (ends - n)[seq], ends, total
+
+
+_CONV_BLOCK_M = 8  # tokens per program of vLLM's varlen conv kernel (BLOCK_M in causal_conv1d_fn)
+
+
+def conv_metadata(query_start_loc):
+    """The `metadata` vLLM's Mamba builders hand causal_conv1d_fn (nums_dict, batch_ptr,
+    token_chunk_offset_ptr): one program per BLOCK_M tokens of one sequence, naming the sequence and the
+    block inside it. vLLM builds it on the host from the CPU copy of query_start_loc; here it is built on
+    the device of query_start_loc."""
+    seq, j, _, total = _segments(query_start_loc, _CONV_BLOCK_M)
+    batch_ptr, offsets = seq.to(torch.int32), j.to(torch.int32)
+    nums = {_CONV_BLOCK_M: dict(tot=total, mlist=batch_ptr, mlist_len=total, offsetlist=offsets,
+                                batch_ptr=batch_ptr, token_chunk_offset_ptr=offsets)}
+    return types.SimpleNamespace(nums_dict=nums, batch_ptr=batch_ptr, token_chunk_offset_ptr=offsets)
+
+
+def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                         *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                                 has_initial_state, activation, pad_slot_id, out)
+    if K > 4:
+        raise NotImplementedError(f"vllm causal_conv1d_fn: kernel widths 2..4 only, got {K}")
+    mod = import_peer(_CONV)
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    qsl = query_start_loc.detach().cpu().tolist()
+    hi = has_initial_state.detach().cpu().tolist()
+    y = out if out is not None else torch.empty_like(x)
+    if T > 0:
+        ys = mod.causal_conv1d_fn(x.t(), weight, bias, conv_states, query_start_loc, cache_indices=cache_indices,
+                                  has_initial_state=has_initial_state, activation=activation,
+                                  pad_slot_id=mod.PAD_SLOT_ID, null_block_id=pad_slot_id,
+                                  metadata=conv_metadata(query_start_loc))
+        y.copy_(ys.t())
+    empty = [idx[i] for i in live if qsl[i + 1] == qsl[i] and not hi[i]]
+    _scatter(conv_states, empty, torch.zeros((), dtype=conv_states.dtype))
+    return y
+
+
+def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
+                         pad_slot_id=C.PAD_SLOT_ID, out=None):
+    _, _, K = C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation,
+                                              pad_slot_id, out)
+    if K > 6:
+        raise NotImplementedError(f"vllm causal_conv1d_update: kernel widths 2..6 only, got {K}")
+    y = out if out is not None else torch.empty_like(x)
+    res = import_peer(_CONV).causal_conv1d_update(x, conv_states, weight, bias, activation,
+                                                  conv_state_indices=conv_state_indices,
+                                                  null_block_id=pad_slot_id, out=y)
+    return _emit(res, y)
+
+
+# ------------------------------------------------------------------------------------------- mamba
+
+
+def _no_dt_clamp(dt, dt_bias, dt_softplus, dt_limit, who):
+    if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
+        raise NotImplementedError(f"vllm {who}: no dt_limit clamp")
+    if not dt_softplus and bool((dt if dt_bias is None else dt + dt_bias).min() < 0):
+        raise NotImplementedError(f"vllm {who}: no clamp of negative dt to 0 (the contract's default dt_limit "
+                                  "lower bound) without dt_softplus")
+
+
+def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
+                           dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
+                                               dt_limit, pad_slot_id, out)
+    ssu = import_peer(_SSU).selective_state_update
+    y = out if out is not None else torch.empty_like(x)
+    f32 = dict(dtype=torch.float32, device=x.device)
+    if layout[0] == "mamba2":
+        _, Bsz, H, P, N, G = layout
+        _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit,
+                     "selective_state_update")
+        db = dt_bias if dt_bias is not None else torch.zeros(H, **f32)
+        Dv = D if D is not None else torch.zeros(H, **f32)
+        ssu(state, x, dt[:, :, None].expand(Bsz, H, P), A[:, None, None].expand(H, P, N), B, Cm,
+            Dv[:, None].expand(H, P) if Dv.dim() == 1 else Dv, db[:, None].expand(H, P), z=z,
+            dt_softplus=bool(dt_softplus), state_batch_indices=state_batch_indices, null_block_id=pad_slot_id,
+            out=y)
+    else:
+        _, Bsz, Dm, N, G = layout
+        if G != 1:
+            raise NotImplementedError("vllm selective_state_update (Mamba-1 layout): one group of B/C only")
+        _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit,
+                     "selective_state_update")
+        ssu(state, x, dt, A, B, Cm, D if D is not None else torch.zeros(Dm, **f32),
+            dt_bias if dt_bias is not None else torch.zeros(Dm, **f32), z=z, dt_softplus=bool(dt_softplus),
+            state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=y)
+    return y
+
+
+def chunk_metadata(query_start_loc, chunk_size: int):
+    """vLLM's per-request SSD chunk grid for sequences that start at position 0, on the device of
+    query_start_loc: (cu_chunk_seqlens (C+1,), last_chunk_indices (S,), seq_idx (C,)), int32. Chunks end
+    at multiples of chunk_size from each sequence's start and at its end; an empty sequence has no chunk
+    and repeats the previous sequence's last index (-1 for none)."""
+    seq, j, ends, _ = _segments(query_start_loc, chunk_size)
+    q = query_start_loc.to(torch.int64)
+    cu = torch.cat([q[:-1][seq] + j * chunk_size, q[-1:]]).to(torch.int32)
+    return cu, (ends - 1).to(torch.int32), seq.to(torch.int32)
+
+
+def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+               has_initial_state, *, dt_softplus=True, dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, H, P, N, G, S = C.validate_ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states,
+                                             query_start_loc, cache_indices, has_initial_state, dt_limit,
+                                             pad_slot_id, out)
+    if chunk_size & (chunk_size - 1):
+        raise NotImplementedError(f"vllm mamba_chunk_scan_combined_varlen: chunk_size a power of 2, got {chunk_size}")
+    if float(dt_limit[0]) < 0 or not bool(((A <= 0) & torch.isfinite(A)).all()):
+        raise NotImplementedError("vllm mamba_chunk_scan_combined_varlen: decays only (finite A <= 0, dt >= 0): "
+                                  "it clamps segment-sum exponents at 0")
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    y = out if out is not None and out.is_contiguous() else torch.empty_like(x)
+    slots = cache_indices.to(torch.int64)
+    is_live = slots != pad_slot_id
+    use_init = has_initial_state.to(torch.bool) & is_live
+    if T == 0:  # nothing to launch: every live request keeps its initial state (zeros without one)
+        if live:
+            rows = torch.tensor(live, device=x.device)
+            keep = use_init[rows][:, None, None, None]
+            ssm_states[slots[rows]] = torch.where(keep, ssm_states[slots[rows]], 0).to(ssm_states.dtype)
+        return _emit(y, out)
+    init = None
+    if bool(use_init.any()):
+        init = torch.where(use_init[:, None, None, None], ssm_states[torch.where(is_live, slots, 0)], 0)
+    cu_chunk, last_chunk, seq_idx = chunk_metadata(query_start_loc, chunk_size)
+    fused = len(live) == S and ssm_states.stride(-2) == ssm_states.shape[-1] * ssm_states.stride(-1)
+    states = import_peer(_SSD).mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, Cm, chunk_size, query_start_loc, cu_chunk, last_chunk, seq_idx, y, D=D, z=z, dt_bias=dt_bias,
+        initial_states=init, dt_softplus=bool(dt_softplus), dt_limit=tuple(float(v) for v in dt_limit),
+        state_dtype=ssm_states.dtype, final_states_out=ssm_states if fused else None,
+        final_state_indices=cache_indices if fused else None)
+    if not fused and live:  # states[i] = states of chunk last_chunk_indices[i]: not the state of an empty one
+        rows = torch.tensor(live, device=x.device)
+        q = query_start_loc.to(torch.int64)
+        ran = (q[1:] - q[:-1])[rows] > 0
+        kept = torch.where(use_init[rows][:, None, None, None], ssm_states[slots[rows]], 0)
+        ssm_states[slots[rows]] = torch.where(ran[:, None, None, None], states[rows], kept).to(ssm_states.dtype)
+    return _emit(y, out)
+
+
+def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
+    C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
+    y = import_peer(_NORM).rms_norm_gated(x, weight, None, z=z, eps=eps, group_size=group_size,
+                                          norm_before_gate=norm_before_gate)
+    return _emit(y, out)
+
+
+# ------------------------------------------------------------------------------------------ GDN / KDA
+
+
+def _check_pool(pool, who):
+    V, K = pool.shape[-2:]
+    if tuple(pool.stride()[1:]) != (V * K, K, 1):
+        raise NotImplementedError(f"vllm {who}: indexes the pool as dense slots (slot interior not contiguous)")
+
+
+def _decline_slot0(indices, pad_slot_id, who):
+    idx, live = host_slots(indices, pad_slot_id)
+    if any(idx[i] == 0 for i in live):
+        raise NotImplementedError(f"vllm {who}: slot index <= 0 is its null block (a live request on slot 0)")
+    if pad_slot_id > 0:
+        raise NotImplementedError(f"vllm {who}: pads must be slot ids <= 0 (its null block), got {pad_slot_id}")
+
+
+def _chunked(fn, who):
+    """fla-style chunked call of vLLM's copy (no state_v_first: its states are value-major already)."""
+    def call(q, k, v, *, state_v_first, cu_seqlens, **kw):
+        if q.dtype == torch.float32 and who == "chunk_gated_delta_rule":
+            raise NotImplementedError("vllm chunk_gated_delta_rule: no float32 inputs (it asserts bf16/fp16)")
+        return fn()(q, k, v, cu_seqlens=cu_seqlens.to(torch.int32), **kw)
+    return call
+
+
+def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
+                            scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _varlen(_chunked(lambda: import_peer(_GDN_CHUNK).chunk_gated_delta_rule, "chunk_gated_delta_rule"),
+                   C.validate_gated_delta_rule_varlen, q, k, v, g, beta, ssm_states, query_start_loc,
+                   cache_indices, has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
+               use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _varlen(_chunked(lambda: import_peer(_KDA_OPS).chunk_kda, "chunk_kda"), C.validate_kda_varlen, q, k, v,
+                   g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
+                   pad_slot_id, out)
+
+
+def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+                            pad_slot_id=C.PAD_SLOT_ID, out=None):
+    Bsz, Hk, Hv, K, V = C.validate_gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, scale=scale,
+                                                           use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id,
+                                                           out=out)
+    who = "fused_recurrent_gated_delta_rule"
+    _decline_slot0(state_indices, pad_slot_id, who)
+    _check_pool(ssm_states, who)
+    if scale is not None and scale <= 0:
+        raise NotImplementedError(f"vllm {who}: scale > 0 only (it asserts), got {scale}")
+    cu = torch.arange(Bsz + 1, dtype=torch.int32, device=q.device)
+    o, _ = import_peer(_GDN_REC).fused_recurrent_gated_delta_rule(
+        q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=ssm_states,
+        inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=state_indices,
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    return _emit(o[0], out)
+
+
+def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+               pad_slot_id=C.PAD_SLOT_ID, out=None):
+    Bsz, H, _, K, V = C.validate_kda_update(q, k, v, g, beta, ssm_states, state_indices, scale=scale,
+                                            use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    who = "fused_recurrent_kda"
+    _decline_slot0(state_indices, pad_slot_id, who)
+    _check_pool(ssm_states, who)
+    # vLLM passes q, k, v as views of one packed projection (one token stride for all three)
+    qkv = torch.cat([q.reshape(Bsz, H * K), k.reshape(Bsz, H * K), v.reshape(Bsz, H * V)], dim=1)
+    qv = qkv[:, :H * K].view(1, Bsz, H, K)
+    kv = qkv[:, H * K:2 * H * K].view(1, Bsz, H, K)
+    vv = qkv[:, 2 * H * K:].view(1, Bsz, H, V)
+    cu = torch.arange(Bsz + 1, dtype=torch.int32, device=q.device)
+    o, _ = import_peer(_KDA_OPS).fused_recurrent_kda_fwd(
+        qv, kv, vv, g.contiguous()[None], beta.contiguous()[None], scale=scale, initial_state=ssm_states,
+        inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=state_indices,
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm), use_gate_in_kernel=False)
+    return _emit(o[0], out)
+
+
+# Ops whose kernels Triton's interpreter cannot run (so under TRITON_INTERPRET=1 the Impl leaves them out and
+# the suites skip them with "does not provide"); the GPU runs them all.
+INTERPRETER_LIMITS = {
+    "causal_conv1d_varlen": "its launch-grid function stores the program tables into the launch arguments, "
+                            "which the interpreter then hands the kernel as host tensors",
+    "causal_conv1d_update": "a masked load whose mask combines a tensor with a scalar (its null-block test) "
+                            "fails there ('mask has unsupported dtype')",
+    "selective_state_update": "the same scalar-and-tensor mask (its null-block test)",
+    "gated_delta_rule_varlen": "vLLM's fla copy calls tl.exp / tl.log through module aliases, which the "
+                               "interpreter does not patch ('Did you forget to add @triton.jit ?')",
+    "gated_delta_rule_update": "the same tl.exp aliases", "kda_varlen": "the same tl.exp aliases",
+    "kda_update": "the same tl.exp aliases",
+}
+
+OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update,
+       "selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen, "gated_rms_norm": gated_rms_norm,
+       "gated_delta_rule_varlen": gated_delta_rule_varlen, "gated_delta_rule_update": gated_delta_rule_update,
+       "kda_varlen": kda_varlen, "kda_update": kda_update}
+
+
+def _unavailable():
+    if not (interpreting() or has_gpu()):
+        return ("vLLM's Triton kernels need a CUDA device, or TRITON_INTERPRET=1 to run on CPU through "
+                "Triton's interpreter (pytest --device cpu sets it)")
+    return unavailable_reason("vllm (or its extracted kernels: python scripts/peers_fetch.py vllm)", *_MODULES)
+
+
+register(Impl(name="vllm", devices=("cuda", "cpu"),
+              ops={k: f for k, f in OPS.items() if not (interpreting() and k in INTERPRETER_LIMITS)},
+              dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
+              fp32_matmul="tf32", unavailable=_unavailable,
+              description="vLLM 0.33.0 Triton kernels (conv, Mamba state update, chunked SSD, gated RMSNorm, GDN, "
+                          "KDA); cpu via TRITON_INTERPRET=1: fp32 ssd_varlen and gated_rms_norm only"))
