@@ -347,6 +347,41 @@ class KDASpec(_SpecMixin):
         return [(n, hd, hd // self.tp_size, False) for n in ("q", "k", "v")]
 
 
+@dataclass(frozen=True)
+class KVSpec:
+    """The key/value cache of one full-attention layer of a hybrid model, per token: keys
+    (num_kv_heads, k_head_dim) and values (num_kv_heads, v_head_dim) as the attention reads them (after
+    every per-token transform: q/k norms, rotary embedding, latent expansion). Unlike a mixer's state it
+    grows with the sequence: a request of L tokens holds (L, num_kv_heads, k_head_dim) keys and
+    (L, num_kv_heads, v_head_dim) values."""
+
+    num_kv_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self):
+        for f in ("num_kv_heads", "k_head_dim", "v_head_dim"):
+            _check_int(f, getattr(self, f))
+        _check_dtype("dtype", self.dtype)
+
+    @property
+    def k_shape(self) -> tuple[int, int]:
+        return (self.num_kv_heads, self.k_head_dim)
+
+    @property
+    def v_shape(self) -> tuple[int, int]:
+        return (self.num_kv_heads, self.v_head_dim)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Key and value bytes of one token of one layer."""
+        return (_numel(self.k_shape) + _numel(self.v_shape)) * itemsize(self.dtype)
+
+    def describe(self) -> str:
+        return f"kv: k {self.k_shape}, v {self.v_shape} {self.dtype} per token"
+
+
 StateSpec = Mamba1Spec | Mamba2Spec | GDNSpec | KDASpec
 SPEC_TYPES = {"mamba1": Mamba1Spec, "mamba2": Mamba2Spec, "gdn": GDNSpec, "kda": KDASpec}
 

@@ -92,8 +92,12 @@ class EngineMixer:
         self._pdt = torch.float64 if dtype == torch.float64 else torch.float32
         self.in_w, self.in_b = self.weight("in_proj.weight"), self.weight("in_proj.bias")
         self.out_w, self.out_b = self.weight("out_proj.weight"), self.weight("out_proj.bias")
-        self.conv_w = self.weight("conv1d.weight")[:, 0, :].contiguous()
+        self.conv_w = self.conv_weight()
         self.conv_b = self.weight("conv1d.bias")
+
+    def conv_weight(self) -> torch.Tensor:
+        """The depthwise conv weight (conv_dim, K) (a family whose checkpoints split it overrides this)."""
+        return self.weight("conv1d.weight")[:, 0, :].contiguous()
 
     def weight(self, name: str):
         """Parameter `name` in the activation dtype on the device (None when the layer has none)."""

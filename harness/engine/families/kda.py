@@ -9,7 +9,7 @@ output norm                 ``gated_rms_norm`` without a gate (group_size = head
                             output gate as an elementwise product
 ==========================  ===================================  =================================
 
-The q/k/v projections are fused into one weight at load. Tensor parallelism is not supported yet
+The q/k/v projections and their three conv weights are fused into one weight each at load. Tensor parallelism is not supported yet
 (``check_tp`` refuses tp_size > 1). Written independently of the reference mixer
 (``reference/families/kda.py``): the oracle shares no code with what it checks.
 """
@@ -25,15 +25,18 @@ OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "kda_varlen", "kda_update
 
 
 class KDAMixer(EngineMixer):
+    def conv_weight(self):
+        return torch.cat([self.weight(f"{n}_conv1d.weight")[:, 0, :] for n in "qkv"]).contiguous()
+
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         H, D = cfg.num_heads, cfg.head_dim
         self.qkv_w = torch.cat([self.weight(f"{n}_proj.weight") for n in "qkv"]).contiguous()
-        self.fa_w, self.fb_w = self.weight("forget_gate.f_a_proj.weight"), self.weight("forget_gate.f_b_proj.weight")
+        self.fa_w, self.fb_w = self.weight("f_a_proj.weight"), self.weight("f_b_proj.weight")
         self.ga_w, self.gb_w = self.weight("g_a_proj.weight"), self.weight("g_b_proj.weight")
         self.b_w = self.weight("b_proj.weight")
-        self.A = -torch.exp(self.state_param("forget_gate.A_log").reshape(H, 1))
-        self.dt_bias = self.state_param("forget_gate.dt_bias").reshape(H, D)
+        self.A = -torch.exp(self.state_param("A_log").reshape(H, 1))
+        self.dt_bias = self.state_param("dt_bias").reshape(H, D)
         self.norm_w = self.weight("o_norm.weight").repeat(H).contiguous()
         self.o_w = self.weight("o_proj.weight")
 
@@ -55,18 +58,14 @@ class KDAMixer(EngineMixer):
 def shard_sections(cfg, p: str):
     """The cut each parameter would take (heads split across ranks); `check_tp` refuses tp_size > 1."""
     HD, H = cfg.num_heads * cfg.head_dim, cfg.num_heads
-    if p in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "forget_gate.f_b_proj.weight",
-             "g_b_proj.weight"):
+    if p in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "f_b_proj.weight", "g_b_proj.weight",
+             "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "dt_bias"):
         return 0, ((HD, True),)
-    if p == "conv1d.weight":
-        return 0, ((HD, True), (HD, True), (HD, True))
-    if p == "forget_gate.dt_bias":
-        return 0, ((HD, True),)
-    if p == "forget_gate.A_log":
+    if p == "A_log":
         return 2, ((H, True),)
     if p == "b_proj.weight":
         return 0, ((H, True),)
-    if p in ("forget_gate.f_a_proj.weight", "g_a_proj.weight", "o_norm.weight"):
+    if p in ("f_a_proj.weight", "g_a_proj.weight", "o_norm.weight"):
         return None, ()
     if p == "o_proj.weight":
         return 1, ((HD, True),)
