@@ -8,7 +8,7 @@ kind         conv state (conv_dim/TP, K-1)            recurrent state           
 mamba1       D/TP                                    (D/TP, N)                   recurrent_dtype
 mamba2       D/TP + 2*G'*N  (x, B, C convolved)       (H/TP, P, N)                recurrent_dtype
 gdn          (2*Hk*Dk + Hv*Dv)/TP  (q, k, v)          (Hv/TP, Dv, Dk)             recurrent_dtype
-kda          3*H*Dh/TP  (q, k, v, one buffer)         (H/TP, Dh, Dh)              always float32
+kda          3*H*Dh/TP  (q, k, v, one buffer)         (H/TP, Dh, Dh)              float32 (or float64)
 ===========  ======================================  ==========================  ======================
 
 Decisions (documented here, tested in suites/cache/test_cache_specs.py):
@@ -22,8 +22,9 @@ Decisions (documented here, tested in suites/cache/test_cache_specs.py):
   for q, k and v together (``2*key_dim + value_dim`` channels, q|k|v, each sharded by TP).
   ``num_v_heads`` must be a multiple of ``num_k_heads`` (k heads are shared by v heads).
 * KDA: q, k and v are convolved in ONE conv buffer of ``3*H*Dh`` channels (engines that keep three
-  separate buffers have the same bytes); its recurrent state is float32 whatever the model dtype;
-  asking for another recurrent dtype is a ValueError naming ``recurrent_dtype``.
+  separate buffers have the same bytes); its recurrent state is float32 whatever the model dtype (float64
+  only for a float64 engine, such as the CPU oracle runs); asking for another recurrent dtype is a ValueError
+  naming ``recurrent_dtype``.
 * Speculative decoding is handled with extra *slots* (see :func:`slots_needed`), not by widening
   the conv window.
 * ``page_size`` (= ``bytes_per_slot``) is the conv bytes plus the recurrent bytes of one layer for
@@ -329,8 +330,8 @@ class KDASpec(_SpecMixin):
         _check_int("num_heads", self.num_heads)
         _check_int("head_dim", self.head_dim)
         _common_checks(self)
-        if self.recurrent_dtype != torch.float32:
-            fail("recurrent_dtype", "torch.float32 (KDA keeps its recurrent state in fp32)",
+        if self.recurrent_dtype not in (torch.float32, torch.float64):
+            fail("recurrent_dtype", "torch.float32 or torch.float64 (KDA keeps its recurrent state in fp32 at least)",
                  self.recurrent_dtype)
         _check_multiple("num_heads", self.num_heads, self.tp_size)
 
