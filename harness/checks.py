@@ -112,13 +112,18 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolera
                       float(b.reshape(-1)[flat]), nonfinite, tol, ok, reason)
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The elements of `t` (any shape or strides, 0-dim too) as a flat byte tensor on the host."""
+    flat = t.detach().cpu().reshape(-1)
+    return torch.empty(flat.shape, dtype=flat.dtype).copy_(flat).view(torch.uint8)
+
+
 def assert_bitwise_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, context: str = "") -> None:
     """Bit-for-bit equality (untouched pool slots, determinism). NaN payloads compare as bits."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         raise AssertionError(f"{name}: expected shape {tuple(expected.shape)} {expected.dtype}, "
                              f"got {tuple(actual.shape)} {actual.dtype}. {context}")
-    a = actual.detach().cpu().contiguous().view(torch.uint8)
-    b = expected.detach().cpu().contiguous().view(torch.uint8)
+    a, b = _bytes(actual), _bytes(expected)
     if not torch.equal(a, b):
         ne = (actual.detach().cpu() != expected.detach().cpu())
         first = tuple(int(i) for i in ne.nonzero()[0]) if ne.any() else "(bits differ in NaN payloads)"

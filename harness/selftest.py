@@ -184,6 +184,13 @@ def _seeding_gate():
     return _meta_patch(lambda md: replace(md, has_initial_states=md.has_initial_states & md.track_mask))
 
 
+def _stale_seeding():
+    """The opposite gate: every live request reads its slot, also one without a cached state (its slot still
+    holds what the slot's previous request left there)."""
+    return _meta_patch(lambda md: replace(md, has_initial_states=md.has_initial_states
+                                          | (md.state_indices != C_.PAD_SLOT_ID)))
+
+
 def _bs1_drop():
     def t(md):
         if md.num_reqs == 1:
@@ -294,6 +301,8 @@ M2 = dict(families=("mamba2",))
 VARIANTS = [
     Variant("seeding_gate", "1", "has_initial_states ANDed with the track mask in build_metadata",
             patch=_seeding_gate),
+    Variant("stale_slot_seeding", "1", "has_initial_states set for every live request: one without a cached "
+            "state starts from its slot's stale content", patch=_stale_seeding),
     Variant("two_return_values", "2", "the mixer backend returns 2 values; the runner unpacks 3",
             patch=_two_values),
     Variant("bs1_state_dropped", "3", "has_initial_states cleared when the step has a single request",

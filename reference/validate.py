@@ -23,6 +23,8 @@ def check_tensor(arg: str, t, ndim: int | None = None, shape: Sequence | None = 
         fail(arg, "a tensor", "None")
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__)
+    if t.device.type == "meta":
+        fail(arg, "a tensor with data (not on the meta device)", "a meta tensor")
     if shape is not None:
         ndim = len(shape)
     if ndim is not None and t.dim() != ndim:

@@ -15,6 +15,7 @@ _PEER_MS=$(ls -d $P/mamba_ssm-*/ | head -1); _PEER_CC=$(ls -d $P/causal_conv1d-*
 export PYTHONPATH="$PWD:$P/site:$P/ext:${_PEER_MS%/}:${_PEER_CC%/}:${PYTHONPATH:-}"
 # extensions built before (scripts/gpu.sh leaves them gzipped in <logs>/ext/; keep them in .peers/ext)
 for f in .peers/ext/*.so.gz; do [ -e "$f" ] && gunzip -c "$f" > $P/ext/$(basename "${f%.gz}"); done
+[ -d .peers/src ] && export PYTHONPATH="$PWD/.peers/src:$PYTHONPATH"
 export HARNESS_PEERS_STUB_CUDA=1   # adapters install a placeholder selective_scan_cuda until the real one is built
 if [ "${PEERS_BUILD_CUDA:-0}" = 1 ] && ! ls $P/ext/*.so >/dev/null 2>&1; then
   ( cd $P && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 python3 "$OLDPWD/scripts/build_peer_ext.py" selective_scan "$_PEER_MS" $P/ext > $P/build-selective_scan.log 2>&1 ) &

@@ -68,11 +68,10 @@ def add_args(p) -> None:
     sweep.add_args(sp)
     _add_budget_args(sp)
     sp = sub.add_parser("throughput", help="model-level tok/s of the engine's path, transformers alongside")
-    from harness.bench import throughput
-    throughput.add_args(sp)
+    from harness.bench import args
+    args.add_throughput_args(sp)
     sp = sub.add_parser("loader", help="checkpoint loading: our loaders next to transformers' from_pretrained")
-    from harness.bench import loader
-    loader.add_args(sp)
+    args.add_loader_args(sp)
 
 
 def setup_device(name: str) -> str:

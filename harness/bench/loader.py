@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from harness.bench.args import add_loader_args as add_args  # the parser needs no torch
 
 
 def mamba2_config(n_layer: int, d_model: int = 2048, vocab: int = 50288) -> dict:
@@ -126,7 +126,7 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
         d_model: int = 2048) -> dict:
     from harness.loader import load_weights
     from reference.loader import load_checkpoint
-    dtype = DTYPES[dtype_name]
+    dtype = getattr(torch, dtype_name)
     tmp = None
     if folder is None:
         tmp = tempfile.mkdtemp(prefix="loader_bench_")
@@ -189,18 +189,6 @@ def run(size_gb: float, dtype_name: str, device: str, folder: Path | None, keep:
     finally:
         if tmp is not None and not keep:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def add_args(p) -> None:
-    p.add_argument("--size-gb", type=float, default=1.0, help="checkpoint size to write (GB, >= 0.01)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    p.add_argument("--d-model", type=int, default=2048, help="the synthetic model's width (a multiple of 256)")
-    p.add_argument("--device", default="cpu", help="target device for the loads (cpu, cuda:0, ...)")
-    p.add_argument("--dir", type=Path, default=None, help="write the checkpoint here instead of a temp folder")
-    p.add_argument("--keep", action="store_true", help="keep the temp checkpoint")
-    p.add_argument("--reps", type=int, default=1, help="loads per contender (default 1)")
-    p.add_argument("--out", default=None, metavar="PATH", help="append timing records (JSONL) here")
-    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this path")
 
 
 def write_records(r: dict, path: str) -> None:

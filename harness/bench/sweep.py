@@ -78,6 +78,14 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (32, 4, 4, 1, 1), (64, 4, 2, 1, 1), (32, 8, 8, 1, 1), (16, 4, 2, 2, 1), (16, 8, 4, 2, 1),
             (32, 4, 2, 1, 0)]), applies=_layout("mamba1")),
     ],
+    "gated_delta_rule_update": [
+        SweepGroup("gdn", "delta_rule_update", _grid(gdn_bv=(8, 16, 32, 64), gdn_warps=(1, 2, 4, 8))),
+        SweepGroup("small_batch", "delta_rule_update", _grid(min_programs=(0, 256, 1024, 2048)),
+                   applies=lambda shape: shape["B"] * shape["Hv"] < 512)],
+    "kda_update": [
+        SweepGroup("kda", "delta_rule_update", _grid(kda_bv=(8, 16, 32, 64), kda_warps=(1, 2, 4, 8))),
+        SweepGroup("small_batch", "delta_rule_update", _grid(min_programs=(0, 256, 1024, 2048)),
+                   applies=lambda shape: shape["B"] * shape["H"] < 512)],
     "ssd_varlen": [
         # whole-pipeline variants (end-to-end: the stage-by-stage figures time chunk_scan on its CB-reading path)
         SweepGroup("variants", "ssd", [

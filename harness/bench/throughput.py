@@ -39,13 +39,8 @@ from reference import families
 from reference.loader import ModelConfig, expected_parameters
 from reference.validate import fail
 
-PRESETS = {
-    "falcon-mamba-7b": dict(family="falcon_mamba", layers=64, d_model=4096, d_state=16, dt_rank=256, vocab=65024,
-                            expand=2, d_conv=4),
-    "mamba-codestral-7b": dict(family="mamba2", layers=64, d_model=4096, d_state=128, head_dim=64, n_groups=8,
-                               vocab=32768, expand=2, d_conv=4, chunk_size=256),
-}
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+from harness.bench.args import PRESETS  # the parser needs no torch
+from harness.bench.args import add_throughput_args as add_args
 
 
 def model_config(family: str, layers: int, d_model: int, *, vocab: int = 32768, expand: int = 2, d_conv: int = 4,
@@ -202,33 +197,6 @@ def build_parser():
     return p
 
 
-def add_args(p):
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, xpu or e.g. cuda:1 (default auto; a device "
-                                                 "this machine lacks is exit 4)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model shapes (overrides --family etc.)")
-    p.add_argument("--family", choices=families.names(), default="mamba1")
-    p.add_argument("--layers", type=int, default=64)
-    p.add_argument("--d-model", type=int, default=4096)
-    p.add_argument("--d-state", type=int, default=None)
-    p.add_argument("--dt-rank", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--n-groups", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=None,
-                   help="default: the family's usual vocabulary (65024 Mamba-1, 32768 Mamba-2)")
-    p.add_argument("--chunk-size", type=int, default=256)
-    p.add_argument("--impl", default="triton")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    p.add_argument("--prefill", type=int, default=4096)
-    p.add_argument("--decode-batch", type=int, default=64)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--hf-new-tokens", type=int, default=8, help="decode steps timed for transformers' generate")
-    p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph decode")
-    p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="append timing records (JSONL) here")
-
-
 def run_cli(args) -> int:
     """`harness bench throughput`: an unknown --impl is a usage error (exit 4), a bad value exits 2."""
     from harness.bench.registry import UnknownName, check_names
@@ -236,6 +204,7 @@ def run_cli(args) -> int:
     try:
         if ":" not in args.impl:
             check_names("--impl", [args.impl], sorted(all_impls()))
+        check_names("--family", [args.family], families.names())
         return run(args)
     except UnknownName as e:
         print(f"throughput: {e}", file=sys.stderr)
@@ -267,7 +236,7 @@ def run(args) -> int:
         vocab=args.vocab or families.get(args.family).typical_vocab_size, chunk_size=args.chunk_size)
     family = dims.pop("family")
     cfg = model_config(family, dims.pop("layers"), dims.pop("d_model"), **dims)
-    dtype = DTYPES[args.dtype]
+    dtype = getattr(torch, args.dtype)
     impl = registry.get(args.impl)
     why = impl.why_unavailable(device)
     if why:

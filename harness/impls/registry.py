@@ -5,7 +5,7 @@ documented in `harness.ops`) to a callable that follows that op's contract. Ops 
 implementation lacks are simply absent: suites skip them with a reason.
 
 Three ways in:
-* built-in modules listed in `BUILTIN_MODULES` (each calls `register` at import);
+* built-in modules: `BUILTIN_MODULES` and every module of `harness.impls.adapters` (each calls `register` at import);
 * the entry-point group `ssm_harness.impls` (each entry point names an `Impl` object or a
   zero-argument callable returning one);
 * `--impl module:object` on the pytest or harness command line (`load_spec`).
@@ -21,6 +21,7 @@ Example of an outside implementation (a file `my_kernels.py` on the Python path)
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,15 +29,22 @@ import torch
 
 ENTRY_POINT_GROUP = "ssm_harness.impls"
 
-# Our own implementations and the adapters for third-party kernels, in listing order.
+# Our own implementations, in listing order; then every module of harness.impls.adapters (an adapter for a
+# third-party kernel library is a new file there, nothing else changes).
 BUILTIN_MODULES = [
     "harness.impls.reference_impl",
     "harness.impls.torch",
     "harness.impls.triton",
-    "harness.impls.adapters.mamba_ssm",
-    "harness.impls.adapters.causal_conv1d",
-    "harness.impls.adapters.fla",
 ]
+ADAPTER_PACKAGE = "harness.impls.adapters"
+
+
+def builtin_modules() -> list[str]:
+    """Our implementations' modules and the adapters' (modules of ADAPTER_PACKAGE not starting with _)."""
+    pkg = importlib.import_module(ADAPTER_PACKAGE)
+    return BUILTIN_MODULES + [f"{ADAPTER_PACKAGE}.{m.name}" for m in sorted(pkgutil.iter_modules(pkg.__path__),
+                                                                         key=lambda m: m.name)
+                              if not m.name.startswith("_")]
 
 DEVICE_KINDS = ("cpu", "cuda", "xpu")
 
@@ -125,7 +133,7 @@ def _load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    for mod in BUILTIN_MODULES:
+    for mod in builtin_modules():
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:

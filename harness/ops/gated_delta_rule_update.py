@@ -7,6 +7,8 @@ gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices,
 """
 from __future__ import annotations
 
+import torch
+
 from harness.ops import _delta as D
 
 SPEC = D.make_spec("gdn", False, "gated_delta_rule_update", __doc__, shapes={
@@ -14,5 +16,7 @@ SPEC = D.make_spec("gdn", False, "gated_delta_rule_update", __doc__, shapes={
     "gpu": [dict(B=1, Hk=16, Hv=32, K=128, V=128), dict(B=64, Hk=16, Hv=32, K=128, V=128),
             dict(B=256, Hk=16, Hv=32, K=128, V=128)],
     "contract": [dict(B=2, Hk=2, Hv=4, K=3, V=2, l2norm=False)],
+    "aot": [dict(B=5, Hk=2, Hv=4, K=128, V=128, l2norm=l2, pool_dtype=p)
+            for l2 in (True, False) for p in (torch.float32, "act")],
 })
 validate_gated_delta_rule_update = SPEC.validate

@@ -6,11 +6,15 @@ kda_update(q, k, v, g, beta, ssm_states, state_indices,
 """
 from __future__ import annotations
 
+import torch
+
 from harness.ops import _delta as D
 
 SPEC = D.make_spec("kda", False, "kda_update", __doc__, shapes={
     "cpu": [dict(B=8, H=4, K=32, V=32)],
     "gpu": [dict(B=1, H=32, K=128, V=128), dict(B=64, H=32, K=128, V=128), dict(B=256, H=32, K=128, V=128)],
     "contract": [dict(B=2, H=2, K=3, V=2, l2norm=False)],
+    "aot": [dict(B=5, H=4, K=128, V=128, l2norm=l2, pool_dtype=p)
+            for l2 in (True, False) for p in (torch.float32, "act")],
 })
 validate_kda_update = SPEC.validate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import json
 import os
 
@@ -11,7 +12,14 @@ import pytest
 from harness.impls.triton import _common
 from harness.impls.triton._common import CONFIG_DIR, device_folder, launch_config, read_config_file
 
-MODULES = ("conv1d", "selective_scan", "selective_state_update", "ssd", "ssd_chunk_scan", "ssd_chunk_state")
+
+
+def _import_kernel_modules() -> None:
+    """Import every kernel module of harness.impls.triton (each registers its launch-config defaults)."""
+    pkg = importlib.import_module("harness.impls.triton")
+    for m in pkgutil.iter_modules(pkg.__path__):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"harness.impls.triton.{m.name}")
 
 
 @pytest.fixture
@@ -29,14 +37,12 @@ def config_env(tmp_path, monkeypatch):
 def test_h200_files_equal_the_module_defaults():
     """The H200 files hold exactly the defaults written in the kernel modules, for every module and shape
     class that reads one, and no file names a module or class that no kernel reads."""
-    for m in MODULES:
-        importlib.import_module(f"harness.impls.triton.{m}")
+    _import_kernel_modules()
     seen = {}
     for (module, cls), defaults in _common.DEFAULTS.items():
         seen.setdefault(module, {})[cls] = defaults
-    assert set(seen) == set(MODULES)
     files = sorted(f[:-5] for f in os.listdir(os.path.join(CONFIG_DIR, "h200")) if f.endswith(".json"))
-    assert files == sorted(MODULES)
+    assert files == sorted(seen), "configs/h200/*.json vs the modules that read a launch config"
     for module, classes in seen.items():
         data = read_config_file(os.path.join(CONFIG_DIR, "h200", f"{module}.json"))
         assert data == classes, module

@@ -57,6 +57,9 @@ def _mutations():
                       lambda k: k["query_start_loc"].__setitem__(0, 1)))
             m.append((case, "query_start_loc decreasing", "query_start_loc",
                       lambda k: k["query_start_loc"].__setitem__(1, T(k) + 1)))
+            # found by the fuzz test: the offsets were read on the host before their device was checked
+            m.append((case, "query_start_loc on the meta device", "query_start_loc",
+                      lambda k: k.__setitem__("query_start_loc", k["query_start_loc"].to("meta"))))
             m.append((case, "has_initial_state not bool", "has_initial_state",
                       lambda k: k.__setitem__("has_initial_state", k["has_initial_state"].int())))
         if sp.index:

@@ -1,0 +1,417 @@
+"""Adapter for SGLang 0.5.23's Triton / PyTorch SSM kernels (the kernel files of the `sglang` wheel).
+
+The wheel is platform-tagged (it carries compiled Rust extensions for the server and the radix tree), but
+every kernel used here is a pure Python / Triton file: `SOURCE` extracts only those, with stand-ins for the
+engine modules they import (`_sglang_stubs`). Where the `sglang` package itself is installed, it is imported
+instead. Not provided: SGLang's CUDA causal conv (`causal_conv1d_fwd` / `_update`, JIT-compiled from
+`kernels/jit/csrc/mamba/causal_conv1d.cuh` through tvm-ffi, its default on CUDA): the adapter runs the Triton
+conv that SGLang uses elsewhere (`causal_conv1d_triton`).
+
+Impl `sglang` (cuda only: the Triton entry points enter `torch.get_device_module(dev).device(i)`, which torch
+has not for CPU, and the causal-conv kernels use masks Triton's interpreter rejects; called with CPU tensors
+they validate and then decline. Its PyTorch Mamba-1 prefill runs anywhere: `MAMBA1` below, unregistered,
+offers it alone for a CPU run):
+* causal_conv1d_varlen   <- kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_fn on the channel-last
+  view x.T, with SGLang's own per-request slot, has_initial_state and pad handling.
+* causal_conv1d_update   <- causal_conv1d_triton.causal_conv1d_update (pads skipped by the kernel).
+* selective_state_update <- kernels.ops.mamba.triton_ops.mamba_ssm.selective_state_update. Mamba-2: A, dt,
+  dt_bias, D broadcast over P with stride-0 views (its tied-head-dim path). Mamba-1: SGLang's own mapping
+  (mamba1.py): heads = channels, head dim 1, one group of B/C. None D / dt_bias are passed as zeros (its
+  launch unpacks their strides). Not supported: dt_limit other than (0, inf) (no clamp); dt_softplus=False
+  with a negative dt (no clamp to the default lower bound 0); Mamba-1 with more than one B/C group.
+* ssd_varlen             <- triton_ops.ssd_combined.mamba_chunk_scan_combined on the packed batch as batch 1,
+  with seq_idx, chunk_indices / chunk_offsets built as SGLang's Mamba2Metadata.prepare_mixed builds them
+  (the latter only when a request has an initial state) and the initial states gathered the way
+  MambaMixer2 does (`torch.where(has_initial_state, pool[idx], 0)`). Not supported: an empty batch; an
+  empty sequence (SGLang schedules none; its chunk tables are wrong for one, see docs/findings.md).
+* gated_rms_norm         <- kernels.ops.attention.fla.layernorm_gated.rms_norm_gated (CUDA only: it sizes
+  its launch by the GPU's SM count).
+* gated_delta_rule_varlen <- fla.chunk.chunk_gated_delta_rule; kda_varlen <- fla.kda.chunk_kda. Both take
+  the pool and a slot per sequence and write the final states back in place; there is no has_initial_state
+  (a slot is read unless its index is negative). When every live request has an initial state and the pool
+  is one contiguous tensor, the adapter runs them in place on the pool (SGLang's serving path). Otherwise
+  it runs them on a scratch copy of the named slots (zeros for requests without an initial state) and
+  writes the final states back: a request without an initial state must not see its slot's stale state,
+  and its slot is written only once, with its final state; SGLang's GDN backend does the same gather for
+  strided pools, whose in-place writes its prefill kernels lose. Not supported: float32 / float64
+  activations for GDN (chunk_gated_delta_rule asserts bf16 / fp16). chunk_kda writes its output into v:
+  the adapter passes a copy.
+* gated_delta_rule_update <- fla.fused_recurrent.fused_recurrent_gated_delta_rule_update (the plain g /
+  beta form of SGLang's recurrent decode; the serving path fuses the gate activation into it). In place on
+  a contiguous pool, through a scratch copy otherwise (its input guard makes every tensor contiguous, so a
+  strided pool would be copied and its update lost). Not supported: scale <= 0.
+* kda_update             <- fla.kda.fused_recurrent_kda on the gathered states of the live rows.
+* selective_scan_varlen  <- srt.layers.attention.mamba.mamba1.MambaMixer1._selective_scan, SGLang's Mamba-1
+  prefill: a PyTorch loop over tokens, per sequence, with the prefill's softplus, D skip and silu gate around
+  it as `_forward_prefill` does. Not supported: more than one B/C group.
+Pool layouts match the contract: conv (slots, D, K-1); Mamba-2 (slots, H, P, N); delta rule (slots, H, V, K)
+value-major, SGLang's own layout; SGLang keeps the Mamba-1 state as (slots, Dm, 1, N), a view of ours.
+Every op validates with harness.ops first, so bad input fails as for our kernels.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness import ops as C
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters._sglang_stubs import STUBS
+from harness.impls.adapters._source import PeerSource
+from harness.impls.registry import Impl, register
+
+_FLA = "sglang/kernels/ops/attention/fla/"
+SOURCE = PeerSource(
+    wheel="sglang==0.5.23",
+    files=(
+        "sglang/kernels/ops/mamba/causal_conv1d_triton.py",
+        "sglang/kernels/ops/mamba/triton_ops/*.py",
+        *(_FLA + f + ".py" for f in (
+            "chunk", "chunk_delta_h", "chunk_fwd", "chunk_intra", "chunk_intra_token_parallel", "chunk_o",
+            "cumsum", "fused_norm_gate", "fused_recurrent", "index", "kda", "l2norm", "layernorm_gated", "op",
+            "utils", "wy_fast")),
+        "sglang/srt/layers/attention/mamba/mamba2_metadata.py",
+        "sglang/srt/layers/attention/mamba/mamba1.py",
+    ),
+    stubs=STUBS,
+    packages=("sglang", "sglang/kernels", "sglang/kernels/jit", "sglang/kernels/ops",
+              "sglang/kernels/ops/mamba", "sglang/kernels/ops/attention", "sglang/kernels/ops/attention/fla",
+              "sglang/srt", "sglang/srt/layers", "sglang/srt/layers/attention",
+              "sglang/srt/layers/attention/mamba", "sglang/srt/layers/quantization", "sglang/srt/model_executor",
+              "sglang/srt/model_loader"),
+)
+
+_CONV = "sglang.kernels.ops.mamba.causal_conv1d_triton"
+_SSU = "sglang.kernels.ops.mamba.triton_ops.mamba_ssm"
+_SSD = "sglang.kernels.ops.mamba.triton_ops.ssd_combined"
+_META = "sglang.srt.layers.attention.mamba.mamba2_metadata"
+_NORM = "sglang.kernels.ops.attention.fla.layernorm_gated"
+_GDN = "sglang.kernels.ops.attention.fla.chunk"
+_REC = "sglang.kernels.ops.attention.fla.fused_recurrent"
+_KDA = "sglang.kernels.ops.attention.fla.kda"
+_M1 = "sglang.srt.layers.attention.mamba.mamba1"
+MODULES = (_CONV, _SSU, _SSD, _META, _NORM, _GDN, _REC, _KDA, _M1)
+
+
+def _on_gpu(t, what):
+    """SGLang's Triton entry points run on CUDA tensors only: they enter `torch.get_device_module(dev).device(i)`
+    (torch's CPU module has none) and the causal-conv kernels use masks Triton's interpreter rejects."""
+    if t.device.type != "cuda":
+        raise NotImplementedError(f"sglang {what}: CUDA only (its Triton launch does not run on {t.device.type} "
+                                  "tensors, not even under Triton's interpreter)")
+
+
+def _emit(y, out):
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def _live_flags(has_initial_state, live):
+    hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
+    return hi, all(hi[i] for i in live)
+
+
+# ---- causal conv -------------------------------------------------------------------------------------------
+
+def _conv_width(weight):
+    """The kernels hold the window in named registers for widths 2..5 (a wider one does not compile)."""
+    if weight.shape[1] > 5:
+        raise NotImplementedError(f"sglang causal_conv1d (Triton): kernel widths 2..5, got {weight.shape[1]}")
+
+
+def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                         *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                    has_initial_state, activation, pad_slot_id, out)
+    _on_gpu(x, "causal_conv1d_fn")
+    _conv_width(weight)
+    if x.shape[0] == 0:
+        raise NotImplementedError("sglang causal_conv1d_fn: no empty batch")
+    fn = import_peer(_CONV).causal_conv1d_fn
+    lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu().tolist()
+    xs = x if x.stride(1) == 1 else x.contiguous()
+    y = fn(xs.t(), weight, bias, conv_states, query_start_loc.to(torch.int32), lens,
+           cache_indices=cache_indices.to(torch.int32), has_initial_state=has_initial_state.to(torch.bool),
+           activation=activation, pad_slot_id=pad_slot_id)
+    return _emit(y.t(), out)
+
+
+def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
+                         pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
+    _on_gpu(x, "causal_conv1d_update")
+    _conv_width(weight)
+    upd = import_peer(_CONV).causal_conv1d_update
+    y = upd(x, conv_states, weight, bias, activation, conv_state_indices=conv_state_indices.to(torch.int32),
+            pad_slot_id=pad_slot_id)
+    return _emit(y, out)
+
+
+# ---- Mamba decode and SSD prefill --------------------------------------------------------------------------
+
+def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
+                           dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
+                                               dt_limit, pad_slot_id, out)
+    _on_gpu(x, "selective_state_update")
+    if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
+        raise NotImplementedError("sglang selective_state_update: no dt_limit clamp")
+    if not dt_softplus and bool((dt if dt_bias is None else dt + dt_bias[None]).min() < 0):
+        raise NotImplementedError("sglang selective_state_update: no clamp of negative dt to 0 "
+                                  "(the contract's default dt_limit lower bound)")
+    ssu = import_peer(_SSU).selective_state_update
+    f32 = dict(dtype=torch.float32, device=x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if layout[0] == "mamba2":
+        _, Bsz, H, P, N, G = layout
+        db = dt_bias if dt_bias is not None else torch.zeros(H, **f32)
+        D2 = torch.zeros((H, P), **f32) if D is None else (D[:, None].expand(H, P) if D.dim() == 1 else D)
+        ssu(state, x, dt[:, :, None].expand(Bsz, H, P), A[:, None, None].expand(H, P, N), B, Cm, D2, z,
+            db[:, None].expand(H, P), dt_softplus=bool(dt_softplus), state_batch_indices=state_batch_indices,
+            pad_slot_id=pad_slot_id, out=y)
+    else:
+        _, Bsz, Dm, N, G = layout
+        if G != 1:
+            raise NotImplementedError("sglang selective_state_update (Mamba-1 layout): one group of B/C only")
+        db = dt_bias if dt_bias is not None else torch.zeros(Dm, **f32)
+        D1 = D if D is not None else torch.zeros(Dm, **f32)
+        ssu(state.unsqueeze(2), x[:, :, None], dt[:, :, None], A[:, None, :], B, Cm, D1[:, None],
+            None if z is None else z[:, :, None], db[:, None], dt_softplus=bool(dt_softplus),
+            state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=y[:, :, None])
+    return _emit(y, out)
+
+
+def ssd_chunk_metadata(query_start_loc, has_initial_state, chunk_size):
+    """(seq_idx (1, T), chunk_indices, chunk_offsets) as SGLang's Mamba2Metadata.prepare_mixed builds them:
+    the chunk tables only when some request has an initial state (None otherwise)."""
+    meta = import_peer(_META).Mamba2Metadata
+    T = int(query_start_loc[-1])
+    S = query_start_loc.numel() - 1
+    seq_idx = torch.repeat_interleave(torch.arange(S, dtype=torch.int32, device=query_start_loc.device),
+                                      query_start_loc.diff(), output_size=T)[None]
+    ci = co = None
+    if bool(has_initial_state.any()):
+        ci, co = meta._query_start_loc_to_chunk_indices_offsets(query_start_loc, chunk_size, T)
+    return seq_idx, ci, co
+
+
+def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+               has_initial_state, *, dt_softplus=True, dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, H, P, N, G, S = C.validate_ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states,
+                                             query_start_loc, cache_indices, has_initial_state, dt_limit,
+                                             pad_slot_id, out)
+    _on_gpu(x, "mamba_chunk_scan_combined")
+    if T == 0:
+        raise NotImplementedError("sglang mamba_chunk_scan_combined: no empty batch")
+    if bool((query_start_loc.diff() == 0).any()):
+        raise NotImplementedError("sglang Mamba2Metadata: prefill requests of >= 1 token only (its chunk tables "
+                                  "are wrong for an empty one)")
+    mcsc = import_peer(_SSD).mamba_chunk_scan_combined
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    qsl = query_start_loc.to(torch.int32)
+    live_t = cache_indices != pad_slot_id
+    has = has_initial_state.to(torch.bool) & live_t
+    seq_idx, ci, co = ssd_chunk_metadata(qsl, has, chunk_size)
+    init = None
+    if ci is not None:
+        safe = torch.where(live_t, cache_indices, torch.zeros_like(cache_indices)).long()
+        init = torch.where(has[:, None, None, None], ssm_states[safe], 0)
+    y = torch.empty((1, T, H, P), dtype=x.dtype, device=x.device)
+    states = mcsc(x[None], dt[None], A, B[None], Cm[None], chunk_size, D=D, z=None if z is None else z[None],
+                  dt_bias=dt_bias, seq_idx=seq_idx, chunk_indices=ci, chunk_offsets=co, cu_seqlens=qsl,
+                  initial_states=init, return_varlen_states=True, dt_softplus=bool(dt_softplus),
+                  dt_limit=tuple(float(v) for v in dt_limit), out=y, state_dtype=ssm_states.dtype)
+    if live:
+        rows = torch.tensor(live, device=x.device)
+        ssm_states[torch.tensor([idx[i] for i in live], device=x.device)] = states[rows].to(ssm_states.dtype)
+    return _emit(y[0], out)
+
+
+def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
+    C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
+    _on_gpu(x, "rms_norm_gated")
+    rms = import_peer(_NORM).rms_norm_gated
+    y = rms(x=x, weight=weight, bias=None, z=z, eps=eps, group_size=group_size,
+            norm_before_gate=bool(norm_before_gate), is_rms_norm=True)
+    return _emit(y, out)
+
+
+# ---- Gated DeltaNet / KDA ----------------------------------------------------------------------------------
+
+def _in_place_ok(pool, kind):
+    """The kernels index slots by the pool's slot stride but assume contiguous (H, V, K) inside a slot; the
+    GDN entry points also make every tensor contiguous first (a strided pool would be copied)."""
+    if kind == "gdn":
+        return pool.is_contiguous()
+    H, V, K = pool.shape[1:]
+    return tuple(pool.stride()[1:]) == (V * K, K, 1)
+
+
+def _states_for(pool, idx, live, use, in_place):
+    """(state tensor, per-sequence indices) for a delta-rule kernel: the pool itself with its slot ids (pads
+    -1), or a scratch copy with one row per sequence (zeros where not `use`) and row ids."""
+    dev = pool.device
+    n = len(idx)
+    if in_place:
+        return pool, torch.tensor([idx[i] if i in live else -1 for i in range(n)], dtype=torch.int32, device=dev)
+    scratch = torch.zeros((n,) + tuple(pool.shape[1:]), dtype=pool.dtype, device=dev)
+    rows = [i for i in live if use[i]]
+    if rows:
+        scratch[torch.tensor(rows, device=dev)] = pool[torch.tensor([idx[i] for i in rows], device=dev)]
+    return scratch, torch.tensor([i if i in live else -1 for i in range(n)], dtype=torch.int32, device=dev)
+
+
+def _write_back(pool, states, idx, live):
+    if states is pool or not live:
+        return
+    dev = pool.device
+    pool[torch.tensor([idx[i] for i in live], device=dev)] = states[torch.tensor(live, device=dev)]
+
+
+def _delta_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
+                  use_qk_l2norm, pad_slot_id, out):
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    hi, all_init = _live_flags(has_initial_state, live)
+    T, Hv, V = v.shape
+    if T == 0:
+        y = out if out is not None else torch.empty((0, Hv, V), dtype=v.dtype, device=v.device)
+        fresh = [idx[i] for i in live if not hi[i]]
+        if fresh:
+            ssm_states[torch.tensor(fresh, device=v.device)] = 0
+        return y
+    in_place = all_init and _in_place_ok(ssm_states, kind)
+    states, sidx = _states_for(ssm_states, idx, live, hi, in_place)
+    cu = query_start_loc.to(torch.int64)
+    if kind == "gdn":
+        o, _, _ = import_peer(_GDN).chunk_gated_delta_rule(
+            q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=states,
+            initial_state_indices=sidx, cu_seqlens=cu, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    else:
+        o = import_peer(_KDA).chunk_kda(
+            q[None], k[None], v[None].clone(), g[None], beta[None], scale=scale, initial_state=states,
+            initial_state_indices=sidx, use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=cu)
+    _write_back(ssm_states, states, idx, live)
+    return _emit(o[0].to(v.dtype), out)
+
+
+def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
+                            scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
+                                       has_initial_state, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                       pad_slot_id=pad_slot_id, out=out)
+    _on_gpu(q, "chunk_gated_delta_rule")
+    if q.dtype in (torch.float32, torch.float64):
+        raise NotImplementedError("sglang chunk_gated_delta_rule: bf16/fp16 activations only (asserts not float32)")
+    return _delta_varlen("gdn", q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                         scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
+               use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                          scale=scale, use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    _on_gpu(q, "chunk_kda")
+    if q.dtype == torch.float64:
+        raise NotImplementedError("sglang chunk_kda: no float64")
+    return _delta_varlen("kda", q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                         scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+                            pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, scale=scale,
+                                       use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    _on_gpu(q, "fused_recurrent_gated_delta_rule_update")
+    if scale is not None and not scale > 0:
+        raise NotImplementedError("sglang fused_recurrent_gated_delta_rule_update: scale must be positive")
+    if q.dtype == torch.float64:
+        raise NotImplementedError("sglang fused_recurrent_gated_delta_rule_update: no float64")
+    idx, live = host_slots(state_indices, pad_slot_id)
+    states, sidx = _states_for(ssm_states, idx, live, [True] * len(idx), _in_place_ok(ssm_states, "gdn"))
+    o = import_peer(_REC).fused_recurrent_gated_delta_rule_update(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], scale=scale,
+        initial_state_source=states, initial_state_indices=sidx, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    _write_back(ssm_states, states, idx, live)
+    return _emit(o[:, 0].to(v.dtype), out)
+
+
+def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+               pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_kda_update(q, k, v, g, beta, ssm_states, state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                          pad_slot_id=pad_slot_id, out=out)
+    _on_gpu(q, "fused_recurrent_kda")
+    if q.dtype == torch.float64:
+        raise NotImplementedError("sglang fused_recurrent_kda: no float64")
+    idx, live = host_slots(state_indices, pad_slot_id)
+    Bsz, H, V = v.shape
+    y = out if out is not None else torch.empty((Bsz, H, V), dtype=v.dtype, device=v.device)
+    y.zero_()
+    if not live:
+        return y
+    dev = q.device
+    rows = torch.tensor(live, device=dev)
+    slots = torch.tensor([idx[i] for i in live], device=dev)
+    h = ssm_states[slots].contiguous()
+    o, hT = import_peer(_KDA).fused_recurrent_kda(
+        q[rows][:, None], k[rows][:, None], v[rows][:, None], g[rows][:, None], beta[rows][:, None], scale=scale,
+        initial_state=h, inplace_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    y[rows] = o[:, 0].to(y.dtype)
+    ssm_states[slots] = hT
+    return y
+
+
+# ---- Mamba-1 prefill ---------------------------------------------------------------------------------------
+
+def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
+                          has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    T, Dm, N, G, S = C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states,
+                                                      query_start_loc, cache_indices, has_initial_state,
+                                                      pad_slot_id, out)
+    if G != 1:
+        raise NotImplementedError("sglang MambaMixer1 prefill: one group of B/C only")
+    scan = import_peer(_M1).MambaMixer1._selective_scan
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
+    q = query_start_loc.detach().cpu().tolist()
+    y = out if out is not None else torch.empty_like(u)
+    Af = A.float()
+    for i in live:
+        a, b = q[i], q[i + 1]
+        h = ssm_states[idx[i]].float() if hi[i] else torch.zeros((Dm, N), dtype=torch.float32, device=u.device)
+        if b > a:
+            dt = delta[a:b].float() + (0 if delta_bias is None else delta_bias.float()[None])
+            if delta_softplus:
+                dt = torch.nn.functional.softplus(dt)
+            xs = u[a:b].float()
+            h, ys = scan(x=xs, dt=dt, A=Af, B=B[a:b, 0].float(), C=Cm[a:b, 0].float(), h0=h)
+            if D is not None:
+                ys = ys + xs * D.float()[None, :]
+            if z is not None:
+                ys = ys * torch.nn.functional.silu(z[a:b].float())
+            y[a:b] = ys.to(y.dtype)
+        ssm_states[idx[i]] = h.to(ssm_states.dtype)
+    return y
+
+
+register(Impl(name="sglang", devices=("cuda",),
+              ops={"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update,
+                   "selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
+                   "gated_rms_norm": gated_rms_norm,
+                   "gated_delta_rule_varlen": gated_delta_rule_varlen,
+                   "gated_delta_rule_update": gated_delta_rule_update,
+                   "kda_varlen": kda_varlen, "kda_update": kda_update,
+                   "selective_scan_varlen": selective_scan_varlen},
+              dtypes=(torch.float32, torch.float16, torch.bfloat16), fp32_matmul="tf32",
+              unavailable=lambda: unavailable_reason("sglang", *MODULES),
+              description="SGLang 0.5.23 Triton kernels (causal conv, SSU, SSD, gated norm, GDN, KDA) and its "
+                          "PyTorch Mamba-1 prefill loop"))
+
+# SGLang's Mamba-1 prefill alone, which is PyTorch and runs anywhere: not registered (the `sglang` Impl has it
+# on CUDA); for the CPU run of its op suite:
+#   pytest suites/ops/test_ops_selective_scan.py --device cpu --impl harness.impls.adapters.sglang:MAMBA1
+MAMBA1 = Impl(name="sglang-mamba1", devices=("cpu", "cuda"), ops={"selective_scan_varlen": selective_scan_varlen},
+              dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              unavailable=lambda: unavailable_reason("sglang", _M1),
+              description="SGLang 0.5.23 Mamba-1 prefill (MambaMixer1._selective_scan, a PyTorch loop over tokens)")

@@ -1,0 +1,175 @@
+"""Triton decode steps of the gated delta rule: `gated_delta_rule_update` (Gated DeltaNet, one log-decay per
+value head) and `kda_update` (Kimi Delta Attention, one log-decay per key channel), one kernel for both.
+
+One program per (batch row, value head, block of BV value rows), on a flat grid whose consecutive programs
+walk the value blocks of one head, then the heads of one row (so they stream a slot's contiguous (Hv, V, K)
+state in order and share the row's q / k loads). A program holds its (BV, K) tile of the value-major
+state in registers, K the contiguous vector axis, and streams it once: read, update in fp32 (fp64 for
+fp64 activations), write back in place. Per row b and value head h (key head h // (Hv // Hk)):
+
+    q, k <- l2norm(q), l2norm(k) (optional; x / sqrt(sum x^2 + 1e-6)),  q <- q * scale
+    S <- exp(g) S            (g a scalar (GDN) or a K-vector scaling S's columns (KDA))
+    u = beta (v - S k),  S <- S + u k^T,  o = S q
+
+The row's slot is state_indices[b]; a pad row (index == pad_slot_id) starts from a zero state (its
+output is beta v (k . q), as the torch implementation gives) and reads and writes no slot. The pool may
+be any strided view (page-major); its strides are used as they are. Launch parameters (BV, num_warps per
+family, and the smallest grid a small batch is spread to) come from CONFIG
+(configs/<device>/delta_rule_update.json). No host synchronisation: the op can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from harness import ops as C
+from harness.impls.registry import provides
+from harness.impls.triton._common import (cdiv, compute_dtype, device_guard, index_type, interpreting, launch_config,
+                                          next_power_of_2)
+from harness.ops import PAD_SLOT_ID
+from reference.delta_rule import L2NORM_EPS
+
+# Launch parameters per family: value rows per program (bv) and warps, from the H200 sweep (bv 32 with one warp
+# streams the state at ~3.9 TB/s at batch 64 and 256); min_programs: small batches halve bv (down to 8) until the
+# grid has at least this many programs, to spread batch 1 over the SMs. The device's values are in
+# configs/<device>/delta_rule_update.json (`harness bench sweep --op gated_delta_rule_update` / `kda_update`).
+CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 1, "kda_bv": 32, "kda_warps": 1,
+                                              "min_programs": 512})
+
+# Triton decides at import whether its kernels are interpreted; reading the environment once keeps it off the
+# per-call path (decode at batch 1 is bound by the host's time per call)
+_INTERPRETED = interpreting()
+_BV_INTERPRETED = 8  # small value blocks under the interpreter: several blocks per head in tiny tests
+_NO_GUARD = contextlib.nullcontext()
+_EPS = tl.constexpr(L2NORM_EPS)
+
+
+@triton.jit
+def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_ptr, o_ptr,
+                              HV, HPK, V, K, NV, pad_id, scale_hi, scale_lo,
+                              sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
+                              ss0, ss1, ss2, ss3, so0, so1, so2,
+                              BV: tl.constexpr, BK: tl.constexpr, PER_KEY: tl.constexpr, L2NORM: tl.constexpr,
+                              ACC: tl.constexpr, IDX: tl.constexpr, EVEN_V: tl.constexpr, EVEN_K: tl.constexpr):
+    pid = tl.program_id(0)
+    vb = pid % NV
+    bh = pid // NV
+    h = bh % HV
+    b = (bh // HV).to(tl.int64)
+    hk = h // HPK
+    h64 = h.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+
+    kk = tl.arange(0, BK).to(IDX)
+    vv = tl.arange(0, BV).to(IDX)
+    v0 = vb * BV
+    if EVEN_K:  # constant-true masks fold away
+        km = tl.full((BK,), 1, tl.int1)
+    else:
+        km = kk < K
+    if EVEN_V:
+        vm = tl.full((BV,), 1, tl.int1)
+    else:
+        vm = (v0 + vv) < V
+
+    # the row's slot; a pad reads as a zero state and writes nothing
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = (vv * 0 + slot) != pad_id  # as a vector (the interpreter mishandles vector & scalar bools)
+    slot = tl.where(slot != pad_id, slot, 0)
+    sbase = st_ptr + slot * ss0 + h64 * ss1 + v0.to(tl.int64) * ss2
+    sptr = sbase + vv[:, None] * ss2 + kk[None, :] * ss3
+    smask = (vm & live)[:, None] & km[None, :]
+    s = tl.load(sptr, mask=smask, other=0.0).to(ACC)
+
+    qv = tl.load(q_ptr + b * sq0 + hk64 * sq1 + kk * sq2, mask=km, other=0.0).to(ACC)
+    kv = tl.load(k_ptr + b * sk0 + hk64 * sk1 + kk * sk2, mask=km, other=0.0).to(ACC)
+    vval = tl.load(v_ptr + b * sv0 + h64 * sv1 + (v0 + vv) * sv2, mask=vm, other=0.0).to(ACC)
+    beta = tl.load(beta_ptr + b * sb0 + h64 * sb1).to(ACC)
+    if L2NORM:
+        qv = qv / tl.sqrt(tl.sum(qv * qv, axis=0) + _EPS)
+        kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + _EPS)
+    # scale as an fp32 pair (hi + lo) so fp64 runs get it exactly: float kernel arguments arrive as fp32
+    qv = qv * scale_hi + qv * scale_lo
+
+    if PER_KEY:  # KDA: one decay per key channel, scaling the state's columns
+        gv = tl.load(g_ptr + b * sg0 + h64 * sg1 + kk * sg2, mask=km, other=0.0).to(ACC)
+        s = s * tl.exp(gv)[None, :]
+    else:  # GDN: one decay per value head
+        gv = tl.load(g_ptr + b * sg0 + h64 * sg1).to(ACC)
+        s = s * tl.exp(gv)
+
+    u = beta * (vval - tl.sum(s * kv[None, :], axis=1))  # (BV,)
+    s = s + u[:, None] * kv[None, :]
+    o = tl.sum(s * qv[None, :], axis=1)
+    tl.store(o_ptr + b * so0 + h64 * so1 + (v0 + vv) * so2, o.to(o_ptr.dtype.element_ty), mask=vm)
+    tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
+
+
+_VALIDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
+
+
+@functools.lru_cache(maxsize=64)
+def _scale_pair(scale: float) -> tuple[float, float]:
+    """scale as hi + lo, both exactly representable in fp32 (hi + lo equals scale to ~2^-48 relative)."""
+    hi = struct.unpack("f", struct.pack("f", scale))[0]
+    return hi, scale - hi
+
+
+def _guard(t: torch.Tensor):
+    """`device_guard(t)`, skipped when t's CUDA device is already the current one."""
+    d = t.device
+    if d.type == "cuda" and d.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return device_guard(t)
+
+
+def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
+    B, Hk, Hv, K, V = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
+                                      pad_slot_id, out)
+    o = out if out is not None else torch.empty((B, Hv, V), dtype=v.dtype, device=v.device)
+    if B == 0 or Hv == 0 or V == 0:
+        return o
+    interp = _INTERPRETED
+    acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
+    BK = next_power_of_2(K)
+    BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[f"{kind}_bv"])
+    while BV > 8 and B * Hv * cdiv(V, BV) < CONFIG["min_programs"]:
+        BV //= 2
+    NV = cdiv(V, BV)
+    hi, lo = _scale_pair(K ** -0.5 if scale is None else float(scale))
+    sq, sk, sv, sb, ss, so = q.stride(), k.stride(), v.stride(), beta.stride(), ssm_states.stride(), o.stride()
+    sg = g.stride()
+    sg = sg if len(sg) == 3 else sg + (0,)
+    # the largest offset formed in the per-program index type: within one head's (V, K) state tile and along
+    # the q / k / g / v / o vectors (rows, heads and slots are offset in int64)
+    extent = max((V - 1) * abs(ss[2]) + (K - 1) * abs(ss[3]), (K - 1) * max(abs(sq[2]), abs(sk[2]), abs(sg[2])),
+                 (V - 1) * max(abs(sv[2]), abs(so[2])))
+    # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
+    pool = ssm_states if ssm_states.numel() else v
+    with _guard(v):
+        _delta_rule_update_kernel[(B * Hv * NV,)](
+            q, k, v, g, beta, pool, state_indices, o,
+            Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
+            *sq, *sk, *sv, *sg, *sb, *ss, *so,
+            BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc, IDX=index_type(extent),
+            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[f"{kind}_warps"])
+    return o
+
+
+@provides("triton", "gated_delta_rule_update")
+def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+                            pad_slot_id=PAD_SLOT_ID, out=None):
+    """One Gated DeltaNet decode step per row (see harness.ops)."""
+    return _update("gdn", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+@provides("triton", "kda_update")
+def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
+               pad_slot_id=PAD_SLOT_ID, out=None):
+    """One KDA decode step per row (see harness.ops)."""
+    return _update("kda", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
