@@ -112,14 +112,23 @@ _REF_CACHE: dict = {}
 
 
 def reference_run(family: str, seed: int, tokens: tuple):
-    """Float64 oracle over one request's whole token stream: (logits (L, V), per-layer conv, ssm states)."""
+    """Float64 oracle over one request's whole token stream: (logits (L, V), its state named as the engine's
+    snapshots name it: ``conv.<j>`` / ``recurrent.<j>`` of the j-th mixer layer and, in hybrid models,
+    ``kv.<a>.k`` / ``kv.<a>.v`` of the a-th attention layer)."""
     key = (family, seed, tokens)
     if key not in _REF_CACHE:
         if len(_REF_CACHE) > 4096:
             _REF_CACHE.clear()
         ref = reference_model(family, seed)
         logits, state = ref.prefill([list(tokens)])
-        _REF_CACHE[key] = (logits[0], [c[0] for c in state.conv], [s[0] for s in state.ssm])
+        conv = [c[0] for c in state.conv if c is not None]
+        ssm = [s[0] for s in state.ssm if s is not None]
+        kv = [k[0] for k in (state.kv or ()) if k is not None]
+        states = {f"conv.{j}": c for j, c in enumerate(conv)}
+        states.update({f"recurrent.{j}": s for j, s in enumerate(ssm)})
+        for a, (k, v) in enumerate(kv):
+            states[f"kv.{a}.k"], states[f"kv.{a}.v"] = k, v
+        _REF_CACHE[key] = (logits[0], states)
     return _REF_CACHE[key]
 
 
@@ -265,15 +274,17 @@ def check_tokens(label, tokens, ref_logits, vocab: int, tol: Tolerance, where: s
                                f"{margin:.3e} (> tie tolerance {_tie_tol(lg, tol):.3e}); {where}")
 
 
-def _state_tensors(snap, n_layer):
-    return [snap[f"conv.{i}"] for i in range(n_layer)], [snap[f"recurrent.{i}"] for i in range(n_layer)]
+_STATE_NAMES = {"conv": "conv state", "recurrent": "ssm state", "kv": "attention"}
 
 
-def check_state(label, snap, ref_conv, ref_ssm, tol, where, check=None, make_runner=None):
-    conv, rec = _state_tensors(snap, len(ref_conv))
-    for i in range(len(ref_conv)):
-        _close(f"{label} conv state layer {i}", conv[i], ref_conv[i], tol, where, check, make_runner)
-        _close(f"{label} ssm state layer {i}", rec[i], ref_ssm[i], tol, where, check, make_runner)
+def check_state(label, snap, ref_states: dict, tol, where, check=None, make_runner=None):
+    """An engine snapshot holds exactly the oracle's states (`reference_run`), each within tolerance."""
+    if set(snap) != set(ref_states):
+        raise Mismatch(f"{label}: state entries {sorted(snap)}, the oracle's {sorted(ref_states)}; {where}")
+    for name, ref in ref_states.items():
+        kind, layer, *part = name.split(".")
+        what = f"{_STATE_NAMES[kind]} layer {layer}" + (f" {'keys' if part == ['k'] else 'values'}" if part else "")
+        _close(f"{label} {what}", snap[name], ref, tol, where, check, make_runner)
 
 
 def check_against_reference(case: Scenario, results: dict, make_runner, *, snapshot_log=(), every_step=False,
@@ -287,7 +298,7 @@ def check_against_reference(case: Scenario, results: dict, make_runner, *, snaps
                 f"case: {case}"
         P = len(res.prompt)
         fed = res.fed_tokens
-        logits, conv, ssm = reference_run(case.family, case.model_seed, fed)
+        logits, states = reference_run(case.family, case.model_seed, fed)
         ref_step = logits[P - 1:]
         n = len(res.tokens)
         if res.step_logits.shape[0] != n or ref_step.shape[0] != n:
@@ -298,16 +309,16 @@ def check_against_reference(case: Scenario, results: dict, make_runner, *, snaps
                ref_step[:, :cfg.vocab_size_unpadded], tol, where, check, make_runner)
         if res.final_state is None:
             raise Mismatch(f"{label}: request {rid!r} has no final state; {where}")
-        check_state(f"{label} request {rid!r} final", res.final_state, conv, ssm, make_runner.state_tol, where,
+        check_state(f"{label} request {rid!r} final", res.final_state, states, make_runner.state_tol, where,
                     check, make_runner)
         if every_step:
             for pos, snap in sorted(res.states.items()):
-                _, c, s = reference_run(case.family, case.model_seed, fed[:pos])
-                check_state(f"{label} request {rid!r} state after {pos} tokens", snap, c, s, make_runner.state_tol,
+                _, s = reference_run(case.family, case.model_seed, fed[:pos])
+                check_state(f"{label} request {rid!r} state after {pos} tokens", snap, s, make_runner.state_tol,
                             where, check, make_runner)
     for rid, prefix, snap in snapshot_log:
-        _, c, s = reference_run(case.family, case.model_seed, tuple(prefix))
-        check_state(f"{label} prefix-cache snapshot of request {rid!r} at {len(prefix)} tokens", snap, c, s,
+        _, s = reference_run(case.family, case.model_seed, tuple(prefix))
+        check_state(f"{label} prefix-cache snapshot of request {rid!r} at {len(prefix)} tokens", snap, s,
                     make_runner.state_tol, f"case: {case}", check, make_runner)
 
 
@@ -321,7 +332,7 @@ def check_same_results(a: dict, b: dict, case: Scenario, make_runner, what: str,
         if ra.tokens != rb.tokens:
             # allowed only where the oracle (on the first run's stream) has a tie at the first difference
             k = next(i for i, (x, y) in enumerate(zip(ra.tokens, rb.tokens)) if x != y)
-            logits, _, _ = reference_run(case.family, case.model_seed, ra.fed_tokens)
+            logits, _ = reference_run(case.family, case.model_seed, ra.fed_tokens)
             lg = logits[len(ra.prompt) - 1 + k, :cfg.vocab_size_unpadded]
             margin = abs(float(lg[ra.tokens[k]] - lg[rb.tokens[k]]))
             if margin > _tie_tol(lg, tol):

@@ -8,7 +8,7 @@ kind         conv state (conv_dim/TP, K-1)            recurrent state           
 mamba1       D/TP                                    (D/TP, N)                   recurrent_dtype
 mamba2       D/TP + 2*G'*N  (x, B, C convolved)       (H/TP, P, N)                recurrent_dtype
 gdn          (2*Hk*Dk + Hv*Dv)/TP  (q, k, v)          (Hv/TP, Dv, Dk)             recurrent_dtype
-kda          3*H*Dh/TP  (q, k, v, one buffer)         (H/TP, Dh, Dh)              always float32
+kda          3*H*Dh/TP  (q, k, v, one buffer)         (H/TP, Dh, Dh)              float32 (or float64)
 ===========  ======================================  ==========================  ======================
 
 Decisions (documented here, tested in suites/cache/test_cache_specs.py):
@@ -22,8 +22,9 @@ Decisions (documented here, tested in suites/cache/test_cache_specs.py):
   for q, k and v together (``2*key_dim + value_dim`` channels, q|k|v, each sharded by TP).
   ``num_v_heads`` must be a multiple of ``num_k_heads`` (k heads are shared by v heads).
 * KDA: q, k and v are convolved in ONE conv buffer of ``3*H*Dh`` channels (engines that keep three
-  separate buffers have the same bytes); its recurrent state is float32 whatever the model dtype;
-  asking for another recurrent dtype is a ValueError naming ``recurrent_dtype``.
+  separate buffers have the same bytes); its recurrent state is float32 whatever the model dtype (float64
+  only for a float64 engine, such as the CPU oracle runs); asking for another recurrent dtype is a ValueError
+  naming ``recurrent_dtype``.
 * Speculative decoding is handled with extra *slots* (see :func:`slots_needed`), not by widening
   the conv window.
 * ``page_size`` (= ``bytes_per_slot``) is the conv bytes plus the recurrent bytes of one layer for
@@ -329,8 +330,8 @@ class KDASpec(_SpecMixin):
         _check_int("num_heads", self.num_heads)
         _check_int("head_dim", self.head_dim)
         _common_checks(self)
-        if self.recurrent_dtype != torch.float32:
-            fail("recurrent_dtype", "torch.float32 (KDA keeps its recurrent state in fp32)",
+        if self.recurrent_dtype not in (torch.float32, torch.float64):
+            fail("recurrent_dtype", "torch.float32 or torch.float64 (KDA keeps its recurrent state in fp32 at least)",
                  self.recurrent_dtype)
         _check_multiple("num_heads", self.num_heads, self.tp_size)
 
@@ -345,6 +346,41 @@ class KDASpec(_SpecMixin):
     def conv_segments(self):
         hd = self.num_heads * self.head_dim
         return [(n, hd, hd // self.tp_size, False) for n in ("q", "k", "v")]
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """The key/value cache of one full-attention layer of a hybrid model, per token: keys
+    (num_kv_heads, k_head_dim) and values (num_kv_heads, v_head_dim) as the attention reads them (after
+    every per-token transform: q/k norms, rotary embedding, latent expansion). Unlike a mixer's state it
+    grows with the sequence: a request of L tokens holds (L, num_kv_heads, k_head_dim) keys and
+    (L, num_kv_heads, v_head_dim) values."""
+
+    num_kv_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self):
+        for f in ("num_kv_heads", "k_head_dim", "v_head_dim"):
+            _check_int(f, getattr(self, f))
+        _check_dtype("dtype", self.dtype)
+
+    @property
+    def k_shape(self) -> tuple[int, int]:
+        return (self.num_kv_heads, self.k_head_dim)
+
+    @property
+    def v_shape(self) -> tuple[int, int]:
+        return (self.num_kv_heads, self.v_head_dim)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Key and value bytes of one token of one layer."""
+        return (_numel(self.k_shape) + _numel(self.v_shape)) * itemsize(self.dtype)
+
+    def describe(self) -> str:
+        return f"kv: k {self.k_shape}, v {self.v_shape} {self.dtype} per token"
 
 
 StateSpec = Mamba1Spec | Mamba2Spec | GDNSpec | KDASpec

@@ -19,6 +19,8 @@ Our parameter names (`expected_parameters`):
     embedding.weight                       (vocab_size [padded], d_model)
     layers.{i}.norm.weight                 (d_model,)
     layers.{i}.mixer.<mixer parameter>     shapes from `mixer_parameter_shapes`
+    layers.{i}.attn.<attention parameter>  hybrid models: the full-attention layers instead of a mixer
+    layers.{i}.mlp_norm.weight, layers.{i}.mlp.<name>   hybrid models: the MLP sublayer
     norm_f.weight                          (d_model,)
     lm_head.weight                         (vocab_size, d_model)   loaded, or tied to embedding.weight
 
@@ -160,11 +162,10 @@ def mixer_parameter_shapes(cfg: ModelConfig) -> dict[str, tuple]:
 def expected_parameters(cfg: ModelConfig) -> dict[str, tuple]:
     """Every parameter of the model (our names) with its shape; `lm_head.weight` included even if tied."""
     out = {"embedding.weight": (cfg.vocab_size, cfg.d_model)}
-    mixer = mixer_parameter_shapes(cfg)
+    fam = families.get(cfg.family, "cfg.family")
     for i in range(cfg.n_layer):
-        out[f"layers.{i}.norm.weight"] = (cfg.d_model,)
-        for k, s in mixer.items():
-            out[f"layers.{i}.mixer.{k}"] = s
+        for k, s in fam.layer_parameter_shapes(cfg, i).items():
+            out[f"layers.{i}.{k}"] = s
     out["norm_f.weight"] = (cfg.d_model,)
     out["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)
     return out
@@ -198,8 +199,14 @@ IGNORED_RULES: tuple[re.Pattern, ...] = (
     (re.compile(rf"{_PREFIX}{_LAYER}\.mixer\.(?:{_alternatives(_IGNORED)})"),) if _IGNORED else ())
 
 
-def map_name(key: str) -> str | None:
-    """Our parameter name for a checkpoint key, or None when no rule matches the whole key."""
+def map_name(key: str, cfg: ModelConfig | None = None) -> str | None:
+    """Our parameter name for a checkpoint key, or None when no rule matches the whole key. With `cfg`
+    of a family that names its checkpoints itself (``own_names``: the hybrid models, whose key names
+    depend on each layer's type), the family's rules decide."""
+    if cfg is not None:
+        fam = families.get(cfg.family, "cfg.family")
+        if fam.own_names:
+            return fam.map_key(cfg, key)
     for pattern, template in NAME_RULES:
         m = pattern.fullmatch(key)
         if m:
@@ -207,7 +214,11 @@ def map_name(key: str) -> str | None:
     return None
 
 
-def is_ignored(key: str) -> bool:
+def is_ignored(key: str, cfg: ModelConfig | None = None) -> bool:
+    if cfg is not None:
+        fam = families.get(cfg.family, "cfg.family")
+        if fam.own_names:
+            return fam.ignored_key(cfg, key)
     return any(p.fullmatch(key) for p in IGNORED_RULES)
 
 
@@ -231,9 +242,9 @@ def plan_names(cfg: ModelConfig, keys: Iterable[str], where) -> NamePlan:
     mapping: dict[str, str] = {}
     unexpected, ignored, dup = [], [], []
     for key in sorted(keys):
-        name = map_name(key)
+        name = map_name(key, cfg)
         if name is None:
-            if is_ignored(key):
+            if is_ignored(key, cfg):
                 ignored.append(key)
             else:
                 unexpected.append(key)

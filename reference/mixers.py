@@ -87,9 +87,13 @@ class Mixer:
         self.ops = ops or reference_ops()
         self.p = {k: v.detach().to(device=device if device is not None else v.device, dtype=dtype)
                   for k, v in params.items()}
-        self.conv_w = self.p["conv1d.weight"][:, 0, :]  # (conv_dim, K)
+        self.conv_w = self.conv_weight()  # (conv_dim, K)
         self.conv_b = self.p.get("conv1d.bias")
         self.A = -torch.exp(self.p["A_log"]) if "A_log" in self.p else None
+
+    def conv_weight(self) -> torch.Tensor:
+        """The depthwise conv weight (conv_dim, K) (a family whose checkpoints split it overrides this)."""
+        return self.p["conv1d.weight"][:, 0, :]
 
     def ssm_state_shape(self, batch: int) -> tuple:  # pragma: no cover - defined by each family
         raise NotImplementedError

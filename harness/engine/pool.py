@@ -324,11 +324,14 @@ class StatePool:
     def snapshot(self, slot: int, num_tokens: int | None = None) -> Snapshot:
         """Contiguous clones of every layer's state of `slot` (an allocated slot)."""
         slot = self._check_live("slot", slot)
+        return Snapshot(self._snapshot_tensors(slot, num_tokens), self.model_key, num_tokens)
+
+    def _snapshot_tensors(self, slot: int, num_tokens: int | None) -> dict:
         t = {}
         for layer in range(self.num_layers):
             t[f"conv.{layer}"] = self._conv[layer][slot].clone(memory_format=torch.contiguous_format)
             t[f"recurrent.{layer}"] = self._rec[layer][slot].clone(memory_format=torch.contiguous_format)
-        return Snapshot(t, self.model_key, num_tokens)
+        return t
 
     def _describe_key(self, key) -> str:
         try:
@@ -345,7 +348,14 @@ class StatePool:
         if key is not None and key != self.model_key:
             fail("snapshot", f"a snapshot of this pool's model [{self._describe_key(self.model_key)}]",
                  f"one of [{self._describe_key(key)}]")
-        want = {f"{kind}.{layer}" for layer in range(self.num_layers) for kind in ("conv", "recurrent")}
+        self._check_tensors(snapshot)
+
+    def _snapshot_keys(self) -> set:
+        return {f"{kind}.{layer}" for layer in range(self.num_layers) for kind in ("conv", "recurrent")}
+
+    def _check_tensors(self, snapshot) -> None:
+        """The keys, shapes and dtypes of a snapshot's tensors."""
+        want = self._snapshot_keys()
         if set(snapshot) != want:
             fail("snapshot", f"keys {sorted(want)}", sorted(snapshot))
         for layer in range(self.num_layers):
@@ -360,6 +370,9 @@ class StatePool:
         """Copy `snapshot` into the allocated `slot` (after :meth:`check_snapshot`)."""
         slot = self._check_live("slot", slot)
         self.check_snapshot(snapshot)
+        self._restore_tensors(slot, snapshot)
+
+    def _restore_tensors(self, slot: int, snapshot) -> None:
         for layer in range(self.num_layers):
             self._conv[layer][slot].copy_(snapshot[f"conv.{layer}"])
             self._rec[layer][slot].copy_(snapshot[f"recurrent.{layer}"])

@@ -14,7 +14,11 @@ One step
      builder is what runs) gives query_start_loc, state_indices, has_initial_states, snapshot positions;
   4. embedding -> per layer: ``residual += backend(rms_norm(residual), md, pool.conv(l), pool.recurrent(l))``
      (the backend's 3-tuple is unpacked here) -> final norm -> lm_head on the sampling rows -> argmax
-     over the unpadded vocabulary;
+     over the unpadded vocabulary. Hybrid models (the family's ``layer_kinds``): the pool is a
+     ``harness.engine.attention.HybridPool`` whose state pool holds the mixer layers only; an attention
+     layer runs the family's attention over the pool's paged keys and values (pages reserved up to each
+     request's end before the step, lengths advanced after it); layers with an MLP add
+     ``mlp(rms_norm(residual))``; the norms scale by the family's norm_offset + weight;
   5. prefix-cache snapshots: the scheduler's chunk sizes are adjusted (through its ``chunk_fn``) for
      TRACKED requests: in cache mode ``all`` a prefill chunk never crosses a block boundary; in mode
      ``align`` a chunk that crosses block boundaries (and is not the prompt's last) is shortened to end on
@@ -41,7 +45,9 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from harness.engine import backend as backend_mod
+from harness.engine import families as engine_families
 from harness.engine import metadata as metadata_mod
+from harness.engine.attention import HybridPool
 from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
 from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
@@ -72,15 +78,8 @@ def model_parts(model):
     """(cfg, params) of a model given as (cfg, params), an object with .cfg/.params, or a ReferenceLM."""
     if isinstance(model, tuple) and len(model) == 2:
         return model
-    if hasattr(model, "cfg") and hasattr(model, "params"):
+    if hasattr(model, "cfg") and hasattr(model, "params"):  # e.g. reference.models.ReferenceLM
         return model.cfg, model.params
-    if hasattr(model, "cfg") and hasattr(model, "mixers"):  # reference.models.ReferenceLM
-        params = {"embedding.weight": model.embedding, "lm_head.weight": model.lm_head,
-                  "norm_f.weight": model.norm_f}
-        for i, (n, m) in enumerate(zip(model.norms, model.mixers)):
-            params[f"layers.{i}.norm.weight"] = n
-            params.update({f"layers.{i}.mixer.{k}": v for k, v in m.p.items()})
-        return model.cfg, params
     fail("model", "(cfg, params), an object with .cfg and .params, or a reference ReferenceLM", type(model).__name__)
 
 
@@ -158,27 +157,48 @@ class EngineRunner:
         self.poison_free_slots = poison_free_slots
         self.decode_pad_multiple = decode_pad_multiple
         rec_dtype = state_dtype or (torch.float64 if dtype == torch.float64 else torch.float32)
+        from reference import families as ref_families
+        fam = ref_families.get(cfg.family, "cfg.family")
+        efam = engine_families.get(cfg.family, "cfg.family")
+        self.kinds = fam.layer_kinds(cfg)
+        self.layer_index = [sum(1 for k in self.kinds[:i] if k == kind) for i, kind in enumerate(self.kinds)]
+        n_mixer = self.kinds.count("mixer")
         self.spec = state_spec(cfg, dtype, rec_dtype)
-        self.pool = StatePool(self.spec, cfg.n_layer, num_slots, device=self.device, layout=layout,
-                              conv_channels_last=conv_channels_last)
+        if "attention" in self.kinds:
+            self.pool = HybridPool(self.spec, n_mixer, num_slots, kv_spec=fam.kv_spec(cfg, dtype),
+                                   num_attention_layers=self.kinds.count("attention"), page_size=block_size,
+                                   device=self.device, layout=layout, conv_channels_last=conv_channels_last)
+        else:
+            self.pool = StatePool(self.spec, n_mixer, num_slots, device=self.device, layout=layout,
+                                  conv_channels_last=conv_channels_last)
         self.cache = PrefixCache(cache_mode, block_size, cache_capacity)
         self._user_chunk_fn = chunk_fn
         self.sched = Scheduler(self.pool, token_budget, max_model_len=max_model_len, prefix_cache=self.cache,
                                chunk_fn=self._chunk)
         cast = lambda t: t.detach().to(self.device, dtype)  # noqa: E731
-        for k in ("embedding.weight", "lm_head.weight", "norm_f.weight"):
+        need = ["embedding.weight", "lm_head.weight", "norm_f.weight"]
+        need += [f"layers.{i}.{k}" for i in range(cfg.n_layer) for k in fam.layer_parameter_shapes(cfg, i)
+                 if not k.startswith("mixer.")]  # the mixer's own are checked by its backend
+        for k in need:
             if k not in params:
                 fail("params", f"a {k!r} entry", "none")
+        off = efam.norm_offset
         self.embedding = cast(params["embedding.weight"])
         self.lm_head = cast(params["lm_head.weight"])
-        self.norm_f = cast(params["norm_f.weight"])
-        self.norms = [cast(params[f"layers.{i}.norm.weight"]) for i in range(cfg.n_layer)]
-        self.backends = []
+        self.norm_f = cast(params["norm_f.weight"]) + off
+        self.norms = [cast(params[f"layers.{i}.norm.weight"]) + off for i in range(cfg.n_layer)]
+        self.backends, self.mlps = [], []
         for i in range(cfg.n_layer):
-            pre = f"layers.{i}.mixer."
-            mp = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
-            self.backends.append(backend_mod.make_backend(cfg, mp, impl, dtype=dtype, device=self.device,
-                                                          chunk_size=self.chunk_size))
+            sub = lambda pre: {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}  # noqa: E731
+            if self.kinds[i] == "mixer":
+                self.backends.append(backend_mod.make_backend(cfg, sub(f"layers.{i}.mixer."), impl, dtype=dtype,
+                                                              device=self.device, chunk_size=self.chunk_size))
+            else:
+                self.backends.append(efam.attention(cfg, sub(f"layers.{i}.attn."), impl.ops, dtype=dtype,
+                                                    device=self.device))
+            mlp = sub(f"layers.{i}.mlp.")
+            self.mlps.append((cast(params[f"layers.{i}.mlp_norm.weight"]) + off, cast(mlp["gate_proj.weight"]),
+                              cast(mlp["up_proj.weight"]), cast(mlp["down_proj.weight"])) if mlp else None)
         low = dtype in (torch.float16, torch.bfloat16)
         self.residual_dtype = torch.float32 if (cfg.residual_in_fp32 and low) else dtype
         self._requests: dict = {}
@@ -272,8 +292,17 @@ class EngineRunner:
         residual = self.embedding[tokens].to(self.residual_dtype)
         for i, be in enumerate(self.backends):
             h = self._rms(residual, self.norms[i])
-            out, conv, ssm = be(h, md, self.pool.conv(i), self.pool.recurrent(i))
+            j = self.layer_index[i]
+            if self.kinds[i] == "mixer":
+                out, conv, ssm = be(h, md, self.pool.conv(j), self.pool.recurrent(j))
+            else:
+                out = be.forward(h.to(self.dtype), md, self.pool.kv, j)
             residual = residual + out.to(self.residual_dtype)
+            if self.mlps[i] is not None:
+                norm, gate, up, down = self.mlps[i]
+                h = self._rms(residual, norm).to(self.dtype)
+                y = (torch.nn.functional.silu(h @ gate.t()) * (h @ up.t())) @ down.t()
+                residual = residual + y.to(self.residual_dtype)
         return residual
 
     def _step(self, batch, results, started):
@@ -286,7 +315,14 @@ class EngineRunner:
         md = metadata_mod.build_metadata(all_entries, mode=self.cache.mode, block_size=self.cache.block_size,
                                          chunk_size=self.chunk_size, device=self.device)
         tokens = torch.tensor([t for e in all_entries for t in e.tokens], dtype=torch.long, device=self.device)
+        kv = getattr(self.pool, "kv", None)
+        if kv is not None:
+            for e in entries:
+                kv.reserve(e.slot, e.end)
         residual = self.forward(tokens, md)
+        if kv is not None:
+            for e in entries:
+                kv.set_length(e.slot, e.end)
         qsl = md.query_start_loc.tolist()
         rows = [qsl[i + 1] - 1 for i, e in enumerate(entries) if e.sample]
         sampled = {}

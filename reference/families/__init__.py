@@ -114,6 +114,8 @@ class Family:
     typical_vocab_size: int = 32768       # vocabulary of the family's best-known checkpoints
     build_fields: tuple = ()              # the family's keyword fields `build_config` accepts
     whole_models: bool = True             # the reference builds whole language models of this family
+    norm_offset: float = 0.0              # the block and final RMSNorms scale by (norm_offset + weight)
+    own_names: bool = False               # checkpoint keys map through `map_key` (else the loader's rules)
 
     # config ----------------------------------------------------------------------------------
     def from_hf(self, raw: dict, common: dict, where):
@@ -151,6 +153,35 @@ class Family:
 
     def state_spec(self, cfg, *, conv_dtype, recurrent_dtype, tp_size: int = 1):
         """The `reference.cache` spec of one layer's state."""
+        raise NotImplementedError
+
+    # decoder layers (hybrid models) -------------------------------------------------------------
+    def layer_kinds(self, cfg) -> tuple:
+        """Per decoder layer: ``"mixer"`` (the family's mixer, with conv and recurrent state) or
+        ``"attention"`` (a full causal softmax attention with a KV cache). Default: mixers only."""
+        return ("mixer",) * cfg.n_layer
+
+    def layer_parameter_shapes(self, cfg, layer: int) -> dict[str, tuple]:
+        """Shapes of decoder layer `layer`'s parameters, names relative to ``layers.{layer}.``. Default: the
+        block norm and the mixer (``norm.weight``, ``mixer.<name>``). A hybrid family adds ``attn.<name>``
+        for attention layers and ``mlp_norm.weight`` / ``mlp.<name>`` for its MLP sublayers."""
+        return {"norm.weight": (cfg.d_model,), **{f"mixer.{k}": s for k, s in self.parameter_shapes(cfg).items()}}
+
+    def map_key(self, cfg, key: str) -> str | None:
+        """Our parameter name of checkpoint key `key` (families with ``own_names``), None when no rule
+        matches the whole key."""
+        raise NotImplementedError
+
+    def ignored_key(self, cfg, key: str) -> bool:
+        """A checkpoint key that is no parameter of the model (families with ``own_names``)."""
+        return False
+
+    def kv_spec(self, cfg, dtype):
+        """The `reference.cache.KVSpec` of the family's attention layers (None: no attention layers)."""
+        return None
+
+    def make_attention(self, cfg, params: dict, *, dtype, ops, device):
+        """The reference attention of one layer (params keyed relative to `layers.{i}.attn.`)."""
         raise NotImplementedError
 
     # reference mixer ----------------------------------------------------------------------------

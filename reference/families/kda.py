@@ -11,8 +11,25 @@ Reference mixer (as transformers' KimiLinearDeltaAttention; H heads of D for q, 
 
 Note the output gate is a sigmoid (Qwen3-Next's is a SiLU). Recurrent state (S, H, D, D), value-major;
 conv state (S, 3*H*D, K_conv - 1). Config source: HF ``model_type`` ``kimi_linear`` (the head sizes top-level
-or in ``linear_attn_config``); its ``layer_types`` are recorded, only the linear-attention mixer is modelled
-(parameter names as in transformers' module, the forget gate's under ``forget_gate.``). This mixer is
+or in ``linear_attn_config``; parameter names as in the checkpoints: one conv weight per q, k and v
+(``q_conv1d`` ...), the forget gate's ``f_a_proj``, ``f_b_proj``, ``dt_bias``, ``A_log`` beside them; transformers'
+module concatenates the convs into ``conv1d`` and moves the gate under ``forget_gate.`` at load, and back when
+it saves).
+
+Whole model (Kimi Linear; decoder layers as ``reference.families._delta`` says, plain-weight RMSNorms). The
+full-attention layer is multi-head latent attention without positional encoding (H heads; query/key heads
+of qk_nope_head_dim + qk_rope_head_dim channels, the last qk_rope_head_dim of the key shared by all heads,
+no rotary embedding applied; value heads of v_head_dim)::
+
+    q              = q_proj(h)                                      (H heads of nope + rope)
+    latent, k_rot  = split(kv_a_proj_with_mqa(h), [kv_lora_rank, qk_rope_head_dim])
+    k_nope, v      = split per head(kv_b_proj(rms_norm(latent, kv_a_layernorm, eps 1e-6)), [nope, v_head_dim])
+    k              = cat(k_nope, k_rot for every head)
+    out            = o_proj(causal_attention(q, k, v, scale (nope + rope) ** -0.5))
+
+``q_lora_rank`` must be null (q_proj unfactored) and num_key_value_heads == num_attention_heads (keys and
+values are expanded per head). Dense MLP layers (``mlp_layer_types`` "dense"; default: the first
+``first_k_dense_replace`` layers) are modelled, MoE layers recorded only. This mixer and attention are
 independent of the engine's (``harness/engine/families/kda.py``) on purpose.
 """
 from __future__ import annotations
@@ -22,19 +39,32 @@ from dataclasses import dataclass
 import torch
 
 from reference import delta_rule
-from reference.cache import KDASpec
-from reference.config import MAX_CHUNK, MAX_CONV, MAX_STATE, ModelConfig, err, get_int, hf_common_dict, short
-from reference.families import Family, common_fields, register
-from reference.families._delta import get_layer_types, hf_delta_common, hf_delta_dict
+from reference.attention import Attention
+from reference.cache import KDASpec, KVSpec
+from reference.config import (MAX_CHUNK, MAX_CONV, MAX_STATE, ModelConfig, err, get_bool, get_int, hf_common_dict,
+                              short)
+from reference.families import common_fields, register
+from reference.families._delta import (HybridFamily, get_intermediate_size, get_layer_types, get_mlp_layer_types,
+                                       hf_delta_common, hf_delta_dict)
 from reference.mixers import Mixer, cast, linear
 
 
 @dataclass(frozen=True)
 class KDAFields:
-    """KDA's own config fields (HF: linear_num_heads, linear_head_dim, layer_types)."""
+    """KDA's own config fields (HF: linear_num_heads, linear_head_dim, layer_types) and those of Kimi
+    Linear's other layers (num_attention_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+    v_head_dim, attention_bias, intermediate_size, and per layer "dense" or "sparse" (MoE) MLPs)."""
     num_heads: int
     head_dim: int
     layer_types: tuple = ()
+    attn_heads: int = 32
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    attn_bias: bool = False
+    intermediate_size: int = 9216
+    mlp_layer_types: tuple = ()
 
     @property
     def qkv_dim(self) -> int:
@@ -67,20 +97,22 @@ def kimi_layer_types(raw: dict, where, n_layer: int, lac: dict) -> tuple:
     return tuple(types)
 
 
-class KDAFamily(Family):
+class KDAFamily(HybridFamily):
     name = "kda"
-    # The mixer is modelled; whole hybrid models (full-attention layers between) are not yet.
-    whole_models = False
     fields = KDAFields
     hf_model_types = ("kimi_linear",)
     hf_architectures = ("KimiLinearForCausalLM", "KimiLinearModel")
     hf_tie_default = False
-    mixer_parameter_names = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "conv1d.weight",
-                             "forget_gate.f_a_proj.weight", "forget_gate.f_b_proj.weight", "forget_gate.dt_bias",
-                             "forget_gate.A_log", "b_proj.weight", "g_a_proj.weight", "g_b_proj.weight",
-                             "o_norm.weight", "o_proj.weight")
+    mixer_parameter_names = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
+                             "v_conv1d.weight", "f_a_proj.weight", "f_b_proj.weight", "dt_bias", "A_log",
+                             "b_proj.weight", "g_a_proj.weight", "g_b_proj.weight", "o_norm.weight", "o_proj.weight")
     typical_vocab_size = 163840
     build_fields = ("num_heads", "kda_head_dim")
+    mixer_module = "self_attn"
+    # transformers renames the checkpoints' `block_sparse_moe.` to `mlp.` at load (and back when it saves)
+    mlp_modules = ("mlp", "block_sparse_moe")
+    attention_parameter_names = ("q_proj.weight", "kv_a_proj_with_mqa.weight", "kv_a_proj_with_mqa.bias",
+                                 "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight", "o_proj.bias")
 
     # config ----------------------------------------------------------------------------------
     def from_hf(self, raw, common, where):
@@ -99,42 +131,74 @@ class KDAFamily(Family):
         n = common["n_layer"]
         layer_types = get_layer_types(raw, where, n, kimi_layer_types(raw, where, n, lac))
         chunk_size = get_int(raw, "chunk_size", where, 64, hi=MAX_CHUNK)
-        return ModelConfig(family=self.name, mixer=KDAFields(num_heads=heads, head_dim=hd, layer_types=layer_types),
-                           chunk_size=chunk_size, **common)
+        attn_heads = get_int(raw, "num_attention_heads", where, 32)
+        kv_heads = get_int(raw, "num_key_value_heads", where, attn_heads)
+        if kv_heads != attn_heads:
+            raise err(where, f"num_key_value_heads: expected num_attention_heads = {attn_heads} (latent attention "
+                             f"expands keys and values per head), got {kv_heads}")
+        if raw.get("q_lora_rank") is not None:
+            raise err(where, f"q_lora_rank: expected null (a factored query projection is not modelled), got "
+                             f"{short(raw['q_lora_rank'])}")
+        dense = get_int(raw, "first_k_dense_replace", where, 1, lo=0, hi=n)
+        fields = KDAFields(
+            num_heads=heads, head_dim=hd, layer_types=layer_types, attn_heads=attn_heads,
+            kv_lora_rank=get_int(raw, "kv_lora_rank", where, 512, hi=MAX_STATE),
+            qk_nope_head_dim=get_int(raw, "qk_nope_head_dim", where, 128, hi=MAX_STATE),
+            qk_rope_head_dim=get_int(raw, "qk_rope_head_dim", where, 64, hi=MAX_STATE),
+            v_head_dim=get_int(raw, "v_head_dim", where, 128, hi=MAX_STATE),
+            attn_bias=get_bool(raw, "attention_bias", where, False),
+            intermediate_size=get_intermediate_size(raw, where, 9216),
+            mlp_layer_types=get_mlp_layer_types(raw, where, n, ("dense" if i < dense else "sparse" for i in range(n))))
+        return ModelConfig(family=self.name, mixer=fields, chunk_size=chunk_size, **common)
 
     def from_state_spaces(self, raw, ssm, common, where):
         raise err(where, "ssm_cfg.layer: Kimi Delta Attention has no state-spaces config")
 
     def to_hf(self, cfg) -> dict:
         return dict(model_type=self.hf_model_types[0], architectures=[self.hf_architectures[0]], **hf_common_dict(cfg),
-                    **hf_delta_dict(cfg), linear_num_heads=cfg.num_heads, linear_head_dim=cfg.head_dim)
+                    **hf_delta_dict(cfg), linear_num_heads=cfg.num_heads, linear_head_dim=cfg.head_dim,
+                    num_attention_heads=cfg.attn_heads, num_key_value_heads=cfg.attn_heads,
+                    kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+                    qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim, q_lora_rank=None,
+                    attention_bias=cfg.attn_bias, intermediate_size=cfg.intermediate_size,
+                    mlp_layer_types=list(cfg.mlp_layer_types))
 
     def build_config(self, *, d_model, n_layer, vocab, d_conv=4, expand=2, chunk_size=64, pad_vocab_size_multiple=1,
-                     tie_embeddings=False, num_heads=32, kda_head_dim=128, layer_types=None):
-        """`kda_head_dim` is the head size of q, k and v (the config field `head_dim`)."""
+                     tie_embeddings=False, num_heads=32, kda_head_dim=128, layer_types=None, attn_heads=32,
+                     kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                     intermediate_size=None):
+        """`kda_head_dim` is the head size of q, k and v (the config field `head_dim`). A dense model (MLP of
+        `intermediate_size`, default 2 * d_model); `layer_types` default: linear attention only."""
         common = common_fields(d_model=d_model, n_layer=n_layer, vocab=vocab, d_conv=d_conv,
                                pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=tie_embeddings,
                                chunk_size=chunk_size, conv_bias=False, norm_eps=1e-6)
         types = tuple(layer_types) if layer_types is not None else ("linear_attention",) * n_layer
-        return ModelConfig(family=self.name, mixer=KDAFields(num_heads=num_heads, head_dim=kda_head_dim,
-                                                             layer_types=types), **common)
+        return ModelConfig(family=self.name, mixer=KDAFields(
+            num_heads=num_heads, head_dim=kda_head_dim, layer_types=types, attn_heads=attn_heads,
+            kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim,
+            v_head_dim=v_head_dim, intermediate_size=intermediate_size or 2 * d_model,
+            mlp_layer_types=("dense",) * n_layer), **common)
 
     def tiny_config(self, *, d_model=16, n_layer=2, vocab=60, d_state=None, d_conv=4, chunk_size=8):
+        """Layers alternate linear and full attention (the last one full when n_layer > 1)."""
+        types = tuple("full_attention" if n_layer > 1 and i % 2 else "linear_attention" for i in range(n_layer))
         return self.build_config(d_model=d_model, n_layer=n_layer, vocab=vocab, d_conv=d_conv, chunk_size=chunk_size,
-                                 pad_vocab_size_multiple=8, num_heads=2, kda_head_dim=d_state or 8)
+                                 pad_vocab_size_multiple=8, num_heads=2, kda_head_dim=d_state or 8, layer_types=types,
+                                 attn_heads=2, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
 
     def summary(self, cfg) -> dict:
         return dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim,
-                    linear_layers=cfg.layer_types.count("linear_attention"))
+                    linear_layers=cfg.layer_types.count("linear_attention"), attn_heads=cfg.attn_heads,
+                    kv_lora_rank=cfg.kv_lora_rank)
 
     # parameters and state ----------------------------------------------------------------------
     def parameter_shapes(self, cfg) -> dict:
         H, D, d = cfg.num_heads, cfg.head_dim, cfg.d_model
         HD = H * D
         return {"q_proj.weight": (HD, d), "k_proj.weight": (HD, d), "v_proj.weight": (HD, d),
-                "conv1d.weight": (cfg.conv_dim, 1, cfg.d_conv), "forget_gate.f_a_proj.weight": (D, d),
-                "forget_gate.f_b_proj.weight": (HD, D), "forget_gate.dt_bias": (HD,),
-                "forget_gate.A_log": (1, 1, H, 1), "b_proj.weight": (H, d), "g_a_proj.weight": (D, d),
+                "q_conv1d.weight": (HD, 1, cfg.d_conv), "k_conv1d.weight": (HD, 1, cfg.d_conv),
+                "v_conv1d.weight": (HD, 1, cfg.d_conv), "f_a_proj.weight": (D, d), "f_b_proj.weight": (HD, D),
+                "dt_bias": (HD,), "A_log": (1, 1, H, 1), "b_proj.weight": (H, d), "g_a_proj.weight": (D, d),
                 "g_b_proj.weight": (HD, D), "o_norm.weight": (D,), "o_proj.weight": (d, HD)}
 
     def state_spec(self, cfg, *, conv_dtype, recurrent_dtype, tp_size=1):
@@ -144,10 +208,56 @@ class KDAFamily(Family):
     def make_mixer(self, cfg, params, *, dtype=torch.float64, ops=None, device=None):
         return KDAMixer(cfg, params, dtype=dtype, ops=ops, device=device)
 
+    # the full-attention layers -------------------------------------------------------------------
+    def attention_shapes(self, cfg) -> dict:
+        H, d, r = cfg.attn_heads, cfg.d_model, cfg.kv_lora_rank
+        nope, rope, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        shapes = {"q_proj.weight": (H * (nope + rope), d), "kv_a_proj_with_mqa.weight": (r + rope, d),
+                  "kv_a_layernorm.weight": (r,), "kv_b_proj.weight": (H * (nope + vd), r), "o_proj.weight": (d, H * vd)}
+        if cfg.attn_bias:
+            shapes.update({"kv_a_proj_with_mqa.bias": (r + rope,), "o_proj.bias": (d,)})
+        return shapes
+
+    def kv_spec(self, cfg, dtype):
+        return KVSpec(num_kv_heads=cfg.attn_heads, k_head_dim=cfg.qk_nope_head_dim + cfg.qk_rope_head_dim,
+                      v_head_dim=cfg.v_head_dim, dtype=dtype)
+
+    def make_attention(self, cfg, params, *, dtype=torch.float64, ops=None, device=None):
+        return LatentAttention(cfg, params, self.attention_shapes(cfg), dtype=dtype, ops=ops, device=device)
+
+
+LATENT_NORM_EPS = 1e-6  # kv_a_layernorm's eps: transformers builds it with the default, not rms_norm_eps
+
+
+class LatentAttention(Attention):
+    """Kimi Linear's multi-head latent attention without positional encoding (see the module doc)."""
+
+    def __init__(self, cfg, params, shapes, **kw):
+        super().__init__(cfg, params, shapes, **kw)
+        self.scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+
+    def project(self, h, positions):
+        cfg, p = self.cfg, self.p
+        n, H, nope, rope = h.shape[0], cfg.attn_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        q = linear(h, p["q_proj.weight"], None).reshape(n, H, nope + rope)
+        latent, k_rot = torch.split(linear(h, p["kv_a_proj_with_mqa.weight"], p.get("kv_a_proj_with_mqa.bias")),
+                                    [cfg.kv_lora_rank, rope], dim=-1)
+        latent = self.ops.rms_norm(latent, p["kv_a_layernorm.weight"], LATENT_NORM_EPS)
+        k_nope, v = torch.split(linear(latent, p["kv_b_proj.weight"], None).reshape(n, H, nope + cfg.v_head_dim),
+                                [nope, cfg.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_rot[:, None, :].expand(n, H, rope)], dim=-1)
+        return q, k, v, None
+
+    def output(self, o, extra):
+        return linear(o.reshape(o.shape[0], -1), self.p["o_proj.weight"], self.p.get("o_proj.bias"))
+
 
 class KDAMixer(Mixer):
     """Kimi Delta Attention mixer: per-channel forget gate, the plain KDA recurrence of
     reference.delta_rule, RMSNorm per head with a sigmoid output gate."""
+
+    def conv_weight(self):
+        return torch.cat([self.p[f"{n}_conv1d.weight"][:, 0, :] for n in "qkv"])
 
     def ssm_state_shape(self, batch: int) -> tuple:
         return (batch, self.cfg.num_heads, self.cfg.head_dim, self.cfg.head_dim)
@@ -160,9 +270,9 @@ class KDAMixer(Mixer):
         cfg, p = self.cfg, self.p
         n, H, D = h.shape[0], cfg.num_heads, cfg.head_dim
         q, k, v = (x.reshape(n, H, D) for x in torch.split(qkv, [cfg.qkv_dim] * 3, dim=-1))
-        f = linear(linear(h, p["forget_gate.f_a_proj.weight"], None), p["forget_gate.f_b_proj.weight"], None)
-        A = -torch.exp(p["forget_gate.A_log"].reshape(H, 1))
-        g = A * torch.nn.functional.softplus((f + p["forget_gate.dt_bias"]).reshape(n, H, D))
+        f = linear(linear(h, p["f_a_proj.weight"], None), p["f_b_proj.weight"], None)
+        A = -torch.exp(p["A_log"].reshape(H, 1))
+        g = A * torch.nn.functional.softplus((f + p["dt_bias"]).reshape(n, H, D))
         beta = torch.sigmoid(linear(h, p["b_proj.weight"], None))
         return q, k, v, g, beta
 

@@ -204,6 +204,20 @@ def hf_model(d: Dims, seed: int):
     return model.eval()
 
 
+def kda_checkpoint_names(sd: dict) -> dict:
+    """A KimiLinearDeltaAttention module's state dict under the checkpoints' names (ours): its fused
+    `conv1d.weight` split into q_conv1d / k_conv1d / v_conv1d, `forget_gate.*` beside the other weights (what
+    transformers' save_pretrained writes for Kimi Linear)."""
+    out = {}
+    for k, v in sd.items():
+        if k == "conv1d.weight":
+            for name, part in zip("qkv", v.chunk(3, dim=0)):
+                out[f"{name}_conv1d.weight"] = part.clone()
+        else:
+            out[k[len("forget_gate."):] if k.startswith("forget_gate.") else k] = v
+    return out
+
+
 def our_config_dict(hc) -> dict:
     return json.loads(hc.to_json_string())
 

@@ -24,7 +24,7 @@ from harness.scenarios import engine_impl, skip_reason
 from reference.loader import detect_config
 from reference.mixers import make_mixer
 
-from models_hf_oracle import hf_foreign_functions, hf_mixer_call, quiet_transformers, randomize_
+from models_hf_oracle import hf_foreign_functions, hf_mixer_call, kda_checkpoint_names, quiet_transformers, randomize_
 
 # (family, hidden, key heads, value heads, key head dim, value head dim, conv width); KDA uses the key sizes
 CASES = [
@@ -79,7 +79,8 @@ def _oracle(case, seed, batch, T, steps):
             layer = cache.layers[0]
             record.append((y, layer.recurrent_states[0].transpose(-1, -2).clone(),
                            layer.conv_states[0][..., -K1:].clone()))
-    return cfg, dict(mixer.state_dict()), h, news, record
+    sd = dict(mixer.state_dict())
+    return cfg, (kda_checkpoint_names(sd) if case[0] == "kda" else sd), h, news, record
 
 
 def _ctx(case, impl, dtype, seed):

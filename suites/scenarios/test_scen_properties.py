@@ -5,6 +5,8 @@ tracked and untracked, one or two waves, token budgets 1-64, block sizes 8/16, c
 anywhere, decode padding, layer-major and page-major pools) and asserts one property; the oracle is
 the float64 reference model run one request at a time. On the CPU, implementations run in float64.
 """
+from dataclasses import replace
+
 import pytest
 from hypothesis import example, given
 
@@ -27,6 +29,10 @@ SPLIT_SMALL = Scenario(family="mamba1", model_seed=0, prompts=(tuple(range(1, 12
 PACKED_M2 = Scenario(family="mamba2", model_seed=0, prompts=(tuple(range(1, 6)), tuple(range(10, 21)), (30, 31, 32)),
                      max_new=(2, 2, 2), track=(False, False, False), waves=((0, 1, 2),), token_budget=13,
                      block_size=8, cache_mode="none", chunk_seed=7, num_slots=3, decode_pad=4)
+# hybrid models (a linear-attention and a full-attention layer): prefix-cache snapshots carry the attention
+# layer's keys and values besides the mixer's states; chunks of 1-2 tokens through both kinds of layer
+SEEDED_GDN = replace(SEEDED, family="gdn")
+SPLIT_KDA = replace(SPLIT_SMALL, family="kda", decode_pad=4)
 
 
 def _factory(impl, device, family):
@@ -53,6 +59,7 @@ def test_scen_engine_matches_reference(impl, device, check, case):
 @given(case=scenarios(max_requests=3, max_prompt=24, budgets=(1, 12), chunked=True, max_waves=1))
 @example(case=SPLIT_SMALL)
 @example(case=PACKED_M2)
+@example(case=SPLIT_KDA)
 def test_scen_split_invariance(impl, device, check, case):
     """Chunked prefill with boundaries anywhere (incl. chunks shorter than the conv width and single
     requests) and the prefill->decode switch: the state after every step equals the oracle's, and the
@@ -64,6 +71,7 @@ def test_scen_split_invariance(impl, device, check, case):
                       block_sizes=(8, 8, 16), min_base=9))
 @example(case=SEEDED)
 @example(case=SEEDED_ALIGN)
+@example(case=SEEDED_GDN)
 def test_scen_prefix_seeding(impl, device, check, case):
     """Seeding from prefix-cache snapshots equals computing from scratch, in every cache mode, in batches
     mixing seeded, unseeded, tracked and untracked requests (earlier waves fill the cache)."""
@@ -98,3 +106,6 @@ def test_scen_seeding_examples_really_seed():
     assert any(all(any(s[0] == k for s in res[i].steps) for i in (1, 2, 3)) for k in second_wave_steps)
     res, _ = run_case(SEEDED_ALIGN, RunnerFactory("reference"))
     assert res[1].num_cached == 16 and res[2].num_cached == 8
+    res, runner = run_case(SEEDED_GDN, RunnerFactory("reference"))
+    assert [res[i].num_cached for i in range(4)] == [0, 16, 8, 0]
+    assert all(snap["kv.0.k"].shape[0] == len(prefix) for _, prefix, snap in runner.snapshot_log)

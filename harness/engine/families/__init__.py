@@ -7,7 +7,10 @@ Every module of this package (not starting with ``_``) is imported on the first 
   contract only (``EngineMixer`` subclass; ``harness.engine.backend.MixerBackend`` builds and calls it);
 * ``ops``: the op names that mixer calls (prefill and decode); :func:`required_ops` adds the runner's
   own (``RUNNER_OPS``), and a scenario of the family asks an implementation for exactly these;
-* tensor-parallel facts the fast loader needs (``check_tp``, ``shard_sections``).
+* tensor-parallel facts the fast loader needs (``check_tp``, ``shard_sections``);
+* for hybrid models: ``attention``, the class that runs one full-attention layer of the family over a mixed
+  step (its projections around ``harness.engine.attention.paged_attention``), and ``norm_offset`` (the block
+  and final RMSNorms scale by norm_offset + weight).
 
 The engine mixers here and the reference mixers in ``reference/families/`` are independent on purpose:
 the oracle must not share code with what it checks. Nothing here imports a reference mixer; the two
@@ -38,12 +41,16 @@ class EngineFamily:
     ``check_tp(cfg, tp_size)`` raises a ValueError naming ``tp_size`` when the family's weights cannot be
     split `tp_size` ways; ``shard_sections(cfg, parameter)`` gives the cut of one mixer parameter
     (name relative to ``layers.{i}.mixer.``) as ``(dim, ((length, sharded), ...))`` (``dim`` None:
-    replicated), or None for a name the family does not have."""
+    replicated), or None for a name the family does not have. ``attention(cfg, params, ops, dtype=,
+    device=)`` builds a full-attention layer (params relative to ``layers.{i}.attn.``) whose
+    ``forward(h, md, kv_pool, layer) -> out`` runs a mixed step."""
     name: str
     mixer: type
     ops: tuple
     check_tp: Callable
     shard_sections: Callable
+    attention: type | None = None
+    norm_offset: float = 0.0
 
 
 def register(family: EngineFamily) -> EngineFamily:
@@ -92,8 +99,12 @@ class EngineMixer:
         self._pdt = torch.float64 if dtype == torch.float64 else torch.float32
         self.in_w, self.in_b = self.weight("in_proj.weight"), self.weight("in_proj.bias")
         self.out_w, self.out_b = self.weight("out_proj.weight"), self.weight("out_proj.bias")
-        self.conv_w = self.weight("conv1d.weight")[:, 0, :].contiguous()
+        self.conv_w = self.conv_weight()
         self.conv_b = self.weight("conv1d.bias")
+
+    def conv_weight(self) -> torch.Tensor:
+        """The depthwise conv weight (conv_dim, K) (a family whose checkpoints split it overrides this)."""
+        return self.weight("conv1d.weight")[:, 0, :].contiguous()
 
     def weight(self, name: str):
         """Parameter `name` in the activation dtype on the device (None when the layer has none)."""

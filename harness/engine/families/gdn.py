@@ -11,8 +11,14 @@ gated norm                  ``gated_rms_norm`` (group_size = head_v_dim, norm be
 The checkpoint's head-interleaved ``in_proj_qkvz`` (per key head: q, k, its value heads' v, z) and
 ``in_proj_ba`` (per key head: b, a) are permuted once at load into contiguous [q | k | v | z] and
 [b | a] row blocks, so a step needs no per-token reshuffle. Tensor parallelism is not supported yet
-(``check_tp`` refuses tp_size > 1). Written independently of the reference mixer
-(``reference/families/gdn.py``): the oracle shares no code with what it checks.
+(``check_tp`` refuses tp_size > 1).
+
+Qwen3-Next's full-attention layers (:class:`GatedAttention`): q_proj gives per head the query and the output
+gate; q and k go through per-head RMSNorms (weights 1 + stored weight, as the block norms:
+``norm_offset`` 1) via ``gated_rms_norm``, then the rotary embedding on the first ``rotary_dim`` channels of
+each head; ``paged_attention`` over the paged KV pool; the output times sigmoid(gate) through o_proj.
+Written independently of the reference (``reference/families/gdn.py``): the oracle shares no code with what
+it checks.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
-from harness.engine.families._delta import delta_step, no_tp
+from harness.engine.families._delta import AttentionLayer, delta_step, no_tp
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "gated_delta_rule_varlen", "gated_delta_rule_update",
        "gated_rms_norm")
@@ -65,6 +71,44 @@ class GDNMixer(EngineMixer):
         return linear(y.to(self.dtype), self.out_w)
 
 
+class GatedAttention(AttentionLayer):
+    def __init__(self, cfg, params, ops, **kw):
+        super().__init__(cfg, params, ops, **kw)
+        H, Hkv = cfg.attn_heads, cfg.attn_kv_heads
+        self.q_w, self.q_b = self.weight("q_proj.weight"), self.weight("q_proj.bias")
+        self.k_w, self.k_b = self.weight("k_proj.weight"), self.weight("k_proj.bias")
+        self.v_w, self.v_b = self.weight("v_proj.weight"), self.weight("v_proj.bias")
+        self.o_w, self.o_b = self.weight("o_proj.weight"), self.weight("o_proj.bias")
+        self.q_norm = (1 + self.weight("q_norm.weight")).repeat(H).contiguous()
+        self.k_norm = (1 + self.weight("k_norm.weight")).repeat(Hkv).contiguous()
+        rd = cfg.rotary_dim
+        pdt = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=pdt, device=self.device) / rd))
+
+    def rope(self, x, pos):
+        """Rotary embedding on the first rotary_dim channels of x (T, heads, D): pairs (i, i + rotary_dim / 2)."""
+        half = self.inv_freq.numel()
+        if half == 0:
+            return x
+        ang = pos.to(self.inv_freq.dtype)[:, None, None] * self.inv_freq  # (T, 1, half)
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        x1, x2 = x[..., :half].to(ang.dtype), x[..., half:2 * half].to(ang.dtype)
+        rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        return torch.cat([rot, x[..., 2 * half:]], dim=-1)
+
+    def forward(self, h, md, kv, layer):
+        cfg = self.cfg
+        T, H, Hkv, D = h.shape[0], cfg.attn_heads, cfg.attn_kv_heads, cfg.attn_head_dim
+        qg = self.project(h, self.q_w, self.q_b).reshape(T, H, 2 * D)
+        q, gate = qg[..., :D], qg[..., D:].reshape(T, H * D)
+        q = self.head_norm(q, self.q_norm, cfg.norm_eps)
+        k = self.head_norm(self.project(h, self.k_w, self.k_b).reshape(T, Hkv, D), self.k_norm, cfg.norm_eps)
+        v = self.project(h, self.v_w, self.v_b).reshape(T, Hkv, D)
+        pos = self.positions(md)
+        o = self.attend(kv, layer, md, self.rope(q, pos), self.rope(k, pos), v, D ** -0.5)
+        return self.project(o.reshape(T, H * D) * torch.sigmoid(gate), self.o_w, self.o_b)
+
+
 def shard_sections(cfg, p: str):
     """The cut each parameter would take (heads split across ranks); `check_tp` refuses tp_size > 1
     until the loader permutes the head-interleaved projections per rank."""
@@ -84,4 +128,4 @@ def shard_sections(cfg, p: str):
     return None
 
 
-register(EngineFamily("gdn", GDNMixer, OPS, no_tp("gdn"), shard_sections))
+register(EngineFamily("gdn", GDNMixer, OPS, no_tp("gdn"), shard_sections, attention=GatedAttention, norm_offset=1.0))

@@ -9,9 +9,15 @@ output norm                 ``gated_rms_norm`` without a gate (group_size = head
                             output gate as an elementwise product
 ==========================  ===================================  =================================
 
-The q/k/v projections are fused into one weight at load. Tensor parallelism is not supported yet
-(``check_tp`` refuses tp_size > 1). Written independently of the reference mixer
-(``reference/families/kda.py``): the oracle shares no code with what it checks.
+The q/k/v projections and their three conv weights are fused into one weight each at load. Tensor parallelism is not supported yet
+(``check_tp`` refuses tp_size > 1).
+
+Kimi Linear's full-attention layers (:class:`LatentAttention`): multi-head latent attention without positional
+encoding. kv_a_proj_with_mqa gives the latent (normalised by kv_a_layernorm, eps 1e-6, via
+``gated_rms_norm``) and the key part shared by every head; kv_b_proj expands the latent into per-head key
+and value parts; the expanded keys and values go into the paged KV pool (``paged_attention``).
+Written independently of the reference (``reference/families/kda.py``): the oracle shares no code with what
+it checks.
 """
 from __future__ import annotations
 
@@ -19,21 +25,24 @@ import torch
 import torch.nn.functional as F
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
-from harness.engine.families._delta import delta_step, no_tp
+from harness.engine.families._delta import AttentionLayer, delta_step, no_tp
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "kda_varlen", "kda_update", "gated_rms_norm")
 
 
 class KDAMixer(EngineMixer):
+    def conv_weight(self):
+        return torch.cat([self.weight(f"{n}_conv1d.weight")[:, 0, :] for n in "qkv"]).contiguous()
+
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         H, D = cfg.num_heads, cfg.head_dim
         self.qkv_w = torch.cat([self.weight(f"{n}_proj.weight") for n in "qkv"]).contiguous()
-        self.fa_w, self.fb_w = self.weight("forget_gate.f_a_proj.weight"), self.weight("forget_gate.f_b_proj.weight")
+        self.fa_w, self.fb_w = self.weight("f_a_proj.weight"), self.weight("f_b_proj.weight")
         self.ga_w, self.gb_w = self.weight("g_a_proj.weight"), self.weight("g_b_proj.weight")
         self.b_w = self.weight("b_proj.weight")
-        self.A = -torch.exp(self.state_param("forget_gate.A_log").reshape(H, 1))
-        self.dt_bias = self.state_param("forget_gate.dt_bias").reshape(H, D)
+        self.A = -torch.exp(self.state_param("A_log").reshape(H, 1))
+        self.dt_bias = self.state_param("dt_bias").reshape(H, D)
         self.norm_w = self.weight("o_norm.weight").repeat(H).contiguous()
         self.o_w = self.weight("o_proj.weight")
 
@@ -52,25 +61,45 @@ class KDAMixer(EngineMixer):
         return linear(y.to(self.dtype) * gate, self.o_w)
 
 
+class LatentAttention(AttentionLayer):
+    LATENT_EPS = 1e-6  # transformers builds kv_a_layernorm with its default eps, not rms_norm_eps
+
+    def __init__(self, cfg, params, ops, **kw):
+        super().__init__(cfg, params, ops, **kw)
+        self.q_w = self.weight("q_proj.weight")
+        self.a_w, self.a_b = self.weight("kv_a_proj_with_mqa.weight"), self.weight("kv_a_proj_with_mqa.bias")
+        self.latent_norm = self.weight("kv_a_layernorm.weight")
+        self.b_w = self.weight("kv_b_proj.weight")
+        self.o_w, self.o_b = self.weight("o_proj.weight"), self.weight("o_proj.bias")
+
+    def forward(self, h, md, kv, layer):
+        cfg = self.cfg
+        T, H, r = h.shape[0], cfg.attn_heads, cfg.kv_lora_rank
+        nope, rope, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        q = self.project(h, self.q_w).reshape(T, H, nope + rope)
+        a = self.project(h, self.a_w, self.a_b)
+        latent = self.head_norm(a[:, None, :r], self.latent_norm, self.LATENT_EPS)[:, 0]
+        kvb = self.project(latent, self.b_w).reshape(T, H, nope + vd)
+        k = torch.cat([kvb[..., :nope], a[:, None, r:].expand(T, H, rope)], dim=-1)
+        o = self.attend(kv, layer, md, q, k, kvb[..., nope:], (nope + rope) ** -0.5)
+        return self.project(o.reshape(T, H * vd), self.o_w, self.o_b)
+
+
 def shard_sections(cfg, p: str):
     """The cut each parameter would take (heads split across ranks); `check_tp` refuses tp_size > 1."""
     HD, H = cfg.num_heads * cfg.head_dim, cfg.num_heads
-    if p in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "forget_gate.f_b_proj.weight",
-             "g_b_proj.weight"):
+    if p in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "f_b_proj.weight", "g_b_proj.weight",
+             "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "dt_bias"):
         return 0, ((HD, True),)
-    if p == "conv1d.weight":
-        return 0, ((HD, True), (HD, True), (HD, True))
-    if p == "forget_gate.dt_bias":
-        return 0, ((HD, True),)
-    if p == "forget_gate.A_log":
+    if p == "A_log":
         return 2, ((H, True),)
     if p == "b_proj.weight":
         return 0, ((H, True),)
-    if p in ("forget_gate.f_a_proj.weight", "g_a_proj.weight", "o_norm.weight"):
+    if p in ("f_a_proj.weight", "g_a_proj.weight", "o_norm.weight"):
         return None, ()
     if p == "o_proj.weight":
         return 1, ((HD, True),)
     return None
 
 
-register(EngineFamily("kda", KDAMixer, OPS, no_tp("kda"), shard_sections))
+register(EngineFamily("kda", KDAMixer, OPS, no_tp("kda"), shard_sections, attention=LatentAttention))

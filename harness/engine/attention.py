@@ -1,0 +1,254 @@
+"""Full-attention layers of hybrid models in the engine: a paged key/value pool, the pool that holds it
+beside the mixers' states, and causal attention over a mixed prefill/decode step.
+
+Paged KV pool (:class:`KVPool`)
+  Per attention layer, keys ``(num_pages, page_size, H_kv, Dk)`` and values ``(num_pages, page_size, H_kv,
+  Dv)``. A request (its state slot) owns a block table: the pages holding its tokens 0.., page_size tokens
+  per page, in order. Pages are handed out as a request's sequence grows (``reserve``) and return to the
+  free list when its slot is freed; the pool grows by doubling when every page is taken. ``length(slot)`` is
+  the number of tokens whose keys and values the slot holds; a step writes positions
+  ``[num_computed, num_computed + num_tokens)`` of each request and must start at its length.
+
+Hybrid pool (:class:`HybridPool`)
+  A :class:`harness.engine.pool.StatePool` over the model's mixer layers plus a :class:`KVPool` over its
+  attention layers, with the same slot ids. A snapshot (prefix cache, final states) holds both: the mixer
+  layers' ``conv.<j>`` / ``recurrent.<j>`` and, per attention layer ``a``, a copy of the keys and values of
+  the first ``num_tokens`` tokens (``kv.<a>.k`` (n, H_kv, Dk), ``kv.<a>.v`` (n, H_kv, Dv)). Restoring one
+  into a slot writes those tokens into fresh pages.
+
+Attention (:func:`paged_attention`)
+  For every request of the step: its new keys and values are written into its pages, then its queries
+  attend to positions ``0 .. num_computed + i`` (query i) of the keys and values gathered back from the
+  pages (``torch.nn.functional.scaled_dot_product_attention`` with an explicit causal mask; key/value heads
+  repeated for grouped queries). Pad rows (PAD_SLOT_ID) read and write nothing and give zeros. The
+  projections around it (norms, rotary embedding, gates, latent expansion) are the family's
+  (``harness/engine/families/``); written independently of ``reference.attention``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.engine.pool import PAD_SLOT_ID, PoolExhausted, StatePool
+from reference.validate import fail
+
+__all__ = ["KVPool", "HybridPool", "paged_attention", "token_positions"]
+
+
+class KVPool:
+    """Paged keys and values of `num_layers` attention layers (see module doc)."""
+
+    def __init__(self, spec, num_layers: int, *, page_size: int = 16, num_pages: int = 16, device="cpu",
+                 dtype: torch.dtype | None = None, grow: bool = True):
+        for name, v in (("num_layers", num_layers), ("page_size", page_size), ("num_pages", num_pages)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                fail(name, "an int >= 1", repr(v))
+        self.spec = spec
+        self.num_layers = num_layers
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self.dtype = dtype or spec.dtype
+        self.grow = grow
+        self.k = [self._pages(num_pages, spec.k_shape) for _ in range(num_layers)]
+        self.v = [self._pages(num_pages, spec.v_shape) for _ in range(num_layers)]
+        self._free = list(range(num_pages))
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+
+    def _pages(self, n: int, shape) -> torch.Tensor:
+        return torch.full((n, self.page_size, *shape), float("nan"), dtype=self.dtype, device=self.device)
+
+    @property
+    def num_pages(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def length(self, slot: int) -> int:
+        return self._lengths.get(slot, 0)
+
+    def pages(self, slot: int) -> list[int]:
+        """The block table of `slot` (page ids in token order)."""
+        return list(self._tables.get(slot, ()))
+
+    def _grow_to(self, need: int) -> None:
+        n = self.num_pages
+        if not self.grow:
+            raise PoolExhausted(f"KV pool exhausted: {need} more pages needed, {len(self._free)} of {n} free")
+        new = max(n, need - len(self._free))
+        for a in range(self.num_layers):
+            self.k[a] = torch.cat([self.k[a], self._pages(new, self.spec.k_shape)])
+            self.v[a] = torch.cat([self.v[a], self._pages(new, self.spec.v_shape)])
+        self._free.extend(range(n, n + new))
+
+    def reserve(self, slot: int, num_tokens: int) -> None:
+        """Make `slot`'s block table cover `num_tokens` tokens (pages are added, never removed)."""
+        table = self._tables.setdefault(slot, [])
+        need = math.ceil(num_tokens / self.page_size) - len(table)
+        if need <= 0:
+            return
+        if need > len(self._free):
+            self._grow_to(need)
+        self._free.sort()
+        table.extend(self._free[:need])
+        del self._free[:need]
+
+    def set_length(self, slot: int, num_tokens: int) -> None:
+        if num_tokens > len(self._tables.get(slot, ())) * self.page_size:
+            fail("num_tokens", f"at most the {len(self._tables.get(slot, ())) * self.page_size} tokens reserved "
+                               f"for slot {slot}", num_tokens)
+        self._lengths[slot] = num_tokens
+
+    def release(self, slot: int) -> None:
+        """Return `slot`'s pages to the free list (their contents are poisoned with NaN)."""
+        table = self._tables.pop(slot, [])
+        self._lengths.pop(slot, None)
+        if table:
+            idx = torch.tensor(table, device=self.device)
+            for a in range(self.num_layers):
+                self.k[a][idx] = float("nan")
+                self.v[a][idx] = float("nan")
+        self._free.extend(table)
+
+    def _rows(self, slot: int, start: int, end: int):
+        """(page ids, offsets) of positions [start, end) of `slot`."""
+        pos = torch.arange(start, end)
+        table = torch.tensor(self._tables.get(slot, []), dtype=torch.long)
+        if end > len(table) * self.page_size:
+            fail("positions", f"tokens below the {len(table) * self.page_size} reserved for slot {slot}",
+                 f"[{start}, {end})")
+        return table[pos // self.page_size].to(self.device), (pos % self.page_size).to(self.device)
+
+    def write(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pages, offs = self._rows(slot, start, start + k.shape[0])
+        self.k[layer][pages, offs] = k.to(self.dtype)
+        self.v[layer][pages, offs] = v.to(self.dtype)
+
+    def read(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (end, H_kv, Dk) and values (end, H_kv, Dv) of positions [0, end) of `slot`."""
+        pages, offs = self._rows(slot, 0, end)
+        return self.k[layer][pages, offs], self.v[layer][pages, offs]
+
+    def copy(self, src: int, dst: int) -> None:
+        n = self.length(src)
+        self.release(dst)
+        self.reserve(dst, n)
+        for a in range(self.num_layers):
+            k, v = self.read(a, src, n)
+            self.write(a, dst, 0, k, v)
+        self._lengths[dst] = n
+
+
+class HybridPool(StatePool):
+    """Mixer states of the mixer layers and paged keys/values of the attention layers (see module doc).
+
+    Args beyond StatePool's: `kv_spec` (a ``reference.cache.KVSpec``), `num_attention_layers`, `page_size`
+    (tokens per KV page), `num_pages` (initial pages; the pool grows when they run out)."""
+
+    def __init__(self, spec, num_layers: int, num_slots: int, *, kv_spec, num_attention_layers: int,
+                 page_size: int = 16, num_pages: int | None = None, device="cpu", dtype: torch.dtype | None = None,
+                 **kw):
+        super().__init__(spec, num_layers, num_slots, device=device, dtype=dtype, **kw)
+        self.kv_spec = kv_spec
+        self.kv = KVPool(kv_spec, num_attention_layers, page_size=page_size, num_pages=num_pages or 4 * num_slots,
+                         device=device, dtype=dtype)
+        self.model_key = (*self.model_key, kv_spec, num_attention_layers, self.kv.dtype)
+
+    def _describe_key(self, key) -> str:
+        try:
+            spec, n, cd, rd, kv, na, kd = key
+            return f"{spec.describe()} x {n} layers (conv {cd}, recurrent {rd}); {kv.describe()} x {na} layers ({kd})"
+        except Exception:
+            return repr(key)
+
+    def free(self, slot) -> None:
+        super().free(slot)
+        self.kv.release(self._slot_id("slot", slot))
+
+    def zero_(self, slot) -> None:
+        super().zero_(slot)
+        self.kv.release(self._slot_id("slot", slot))
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        super().copy_slot(src, dst)
+        self.kv.copy(self._check_live("src", src), self._check_live("dst", dst))
+
+    def _snapshot_tensors(self, slot: int, num_tokens: int | None) -> dict:
+        t = super()._snapshot_tensors(slot, num_tokens)
+        n = self.kv.length(slot) if num_tokens is None else num_tokens
+        if n > self.kv.length(slot):
+            fail("num_tokens", f"at most the {self.kv.length(slot)} tokens slot {slot} holds", n)
+        for a in range(self.kv.num_layers):
+            k, v = self.kv.read(a, slot, n)
+            t[f"kv.{a}.k"], t[f"kv.{a}.v"] = k.clone(), v.clone()
+        return t
+
+    def _snapshot_keys(self) -> set:
+        return super()._snapshot_keys() | {f"kv.{a}.{x}" for a in range(self.kv.num_layers) for x in "kv"}
+
+    def _check_tensors(self, snapshot) -> None:
+        super()._check_tensors(snapshot)
+        lengths = set()
+        for a in range(self.kv.num_layers):
+            for x, shape in (("k", self.kv_spec.k_shape), ("v", self.kv_spec.v_shape)):
+                t = snapshot[f"kv.{a}.{x}"]
+                if not isinstance(t, torch.Tensor) or t.dim() != 3 or tuple(t.shape[1:]) != shape \
+                        or t.dtype != self.kv.dtype:
+                    got = f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+                    fail(f"snapshot['kv.{a}.{x}']", f"shape (tokens, {shape[0]}, {shape[1]}) {self.kv.dtype}", got)
+                lengths.add(int(t.shape[0]))
+        n = getattr(snapshot, "num_tokens", None)
+        if len(lengths) > 1 or (n is not None and lengths and lengths != {n}):
+            fail("snapshot", f"keys and values of {n if n is not None else 'the same number of'} tokens in every "
+                             "attention layer", sorted(lengths))
+
+    def _restore_tensors(self, slot: int, snapshot) -> None:
+        super()._restore_tensors(slot, snapshot)
+        self.kv.release(slot)
+        n = int(snapshot["kv.0.k"].shape[0]) if self.kv.num_layers else 0
+        self.kv.reserve(slot, n)
+        for a in range(self.kv.num_layers):
+            self.kv.write(a, slot, 0, snapshot[f"kv.{a}.k"], snapshot[f"kv.{a}.v"])
+        self.kv.set_length(slot, n)
+
+
+def token_positions(md) -> torch.Tensor:
+    """The absolute position of every token of a step (num_computed of its request + its index in it)."""
+    qsl = md.query_start_loc
+    counts = qsl[1:] - qsl[:-1]
+    req = torch.repeat_interleave(torch.arange(counts.numel(), device=qsl.device), counts.long())
+    first = torch.repeat_interleave(qsl[:-1].long(), counts.long())
+    return md.num_computed_tokens.long()[req] + torch.arange(int(qsl[-1]), device=qsl.device) - first
+
+
+def paged_attention(kv: KVPool, layer: int, md, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """Causal attention of a mixed step (see module doc): q (T, H, Dk), the step's new keys k (T, H_kv, Dk)
+    and values v (T, H_kv, Dv) -> (T, H, Dv). Writes the new keys and values into the requests' pages
+    (reserved by the caller up to each request's end)."""
+    qsl = md.query_start_loc.tolist()
+    slots = md.state_indices.tolist()
+    starts = md.num_computed_tokens.tolist()
+    T, H, _ = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros((T, H, v.shape[-1]), dtype=q.dtype, device=q.device)
+    for r, slot in enumerate(slots):
+        if slot == PAD_SLOT_ID:
+            continue
+        a, b, start = qsl[r], qsl[r + 1], starts[r]
+        if kv.length(slot) != start:
+            raise RuntimeError(f"slot {slot} holds keys and values of {kv.length(slot)} tokens, the step starts "
+                               f"at position {start}")
+        kv.write(layer, slot, start, k[a:b], v[a:b])
+        keys, values = kv.read(layer, slot, start + b - a)
+        keys = keys.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)      # (H, L, Dk)
+        values = values.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)  # (H, L, Dv)
+        n, L = b - a, start + b - a
+        mask = torch.arange(L, device=q.device)[None, :] <= start + torch.arange(n, device=q.device)[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q[a:b].transpose(0, 1), keys, values, attn_mask=mask,
+                                                             scale=scale)
+        out[a:b] = o.transpose(0, 1)
+    return out

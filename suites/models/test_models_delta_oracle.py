@@ -1,0 +1,282 @@
+"""Oracle parity of the WHOLE hybrid models: Qwen3-Next (family ``gdn``) and Kimi Linear (family ``kda``).
+
+transformers builds tiny random Qwen3NextForCausalLM / KimiLinearForCausalLM checkpoints itself (dense MLPs,
+linear-attention and full-attention layers interleaved, save_pretrained into a temp folder; nothing is
+downloaded). Each is loaded by our loaders and generates greedily:
+
+* the reference LM (reference loader; float32 and float64), teacher-forced on transformers' tokens so every
+  step's logits are compared, plus one free-running greedy generation;
+* the engine with every implementation (fast loader onto the device; three requests in one batch, prefills
+  split at arbitrary points by the token budget; then a request sharing a long prefix, seeded from the
+  prefix cache's snapshot of mixer states AND attention keys/values).
+
+Agreement is tie-aware as in test_models_oracle.py (a token mismatch counts only where transformers' top-2
+margin is <= 1e-3 relative). transformers runs in float32: comparisons are at float32's tolerance (x2).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from harness.checks import compare, tolerance_for
+from harness.engine.scheduler import Request
+from harness.loader import load_weights
+from harness.scenarios import factory_for, skip_reason
+from reference.loader import detect_config, load_checkpoint
+from reference.models import ReferenceLM
+
+from models_hf_oracle import first_clear_mismatch, hf_greedy, quiet_transformers, randomize_, top2_margin
+
+MARGIN = 1e-3
+FAMILIES = ("gdn", "kda")
+
+
+@dataclass(frozen=True)
+class HybridDims:
+    """A tiny hybrid model's shape. `heads`/`head_dim`: the linear attention's (GDN: key heads, value heads
+    `v_heads`, value head size `v_head_dim`); `attn_*`: the full attention's."""
+    family: str
+    d_model: int = 32
+    layer_types: tuple = ("linear_attention", "full_attention")
+    vocab: int = 64
+    d_conv: int = 4
+    heads: int = 2
+    head_dim: int = 8
+    v_heads: int = 4
+    v_head_dim: int = 8
+    attn_heads: int = 4
+    attn_kv_heads: int = 2
+    attn_head_dim: int = 8
+    rotary: float = 0.5
+    kv_lora_rank: int = 16
+    rope_head_dim: int = 4
+    tie: bool = False
+    inter: int = 48
+
+
+def hf_hybrid_config(d: HybridDims):
+    quiet_transformers()
+    common = dict(vocab_size=d.vocab, hidden_size=d.d_model, num_hidden_layers=len(d.layer_types),
+                  layer_types=list(d.layer_types), linear_conv_kernel_dim=d.d_conv, intermediate_size=d.inter,
+                  num_attention_heads=d.attn_heads, tie_word_embeddings=d.tie, rms_norm_eps=1e-6,
+                  bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    if d.family == "gdn":
+        from transformers import Qwen3NextConfig
+        return Qwen3NextConfig(num_key_value_heads=d.attn_kv_heads, head_dim=d.attn_head_dim, num_experts=0,
+                               partial_rotary_factor=d.rotary, linear_num_key_heads=d.heads,
+                               linear_num_value_heads=d.v_heads, linear_key_head_dim=d.head_dim,
+                               linear_value_head_dim=d.v_head_dim, **common)
+    from transformers import KimiLinearConfig
+    return KimiLinearConfig(num_key_value_heads=d.attn_heads, kv_lora_rank=d.kv_lora_rank, q_lora_rank=None,
+                            qk_nope_head_dim=d.attn_head_dim, qk_rope_head_dim=d.rope_head_dim,
+                            v_head_dim=d.attn_head_dim, linear_num_heads=d.heads, linear_head_dim=d.head_dim,
+                            mlp_layer_types=["dense"] * len(d.layer_types), **common)
+
+
+def hf_hybrid_model(d: HybridDims, seed: int):
+    """transformers' causal LM for `d` with random weights (float32, eval)."""
+    from transformers import KimiLinearForCausalLM, Qwen3NextForCausalLM
+    cls = Qwen3NextForCausalLM if d.family == "gdn" else KimiLinearForCausalLM
+    torch.manual_seed(seed)
+    model = cls(hf_hybrid_config(d))
+    randomize_(model, seed)
+    if d.tie:
+        model.tie_weights()
+    return model.eval()
+
+
+@st.composite
+def hybrid_dims(draw, family, deep=False):
+    n = draw(st.integers(2, 3)) if not deep else 4
+    types = ["linear_attention"] * n
+    for i in draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n - 1, unique=True)):
+        types[i] = "full_attention"
+    kw = dict(family=family, d_model=draw(st.sampled_from([32, 48] if not deep else [48, 64])),
+              layer_types=tuple(types), vocab=draw(st.integers(40, 90)), d_conv=draw(st.integers(2, 4)),
+              heads=draw(st.sampled_from([1, 2])), head_dim=draw(st.sampled_from([4, 8])),
+              attn_heads=draw(st.sampled_from([2, 4])), attn_head_dim=draw(st.sampled_from([4, 8])),
+              # transformers' Kimi Linear never ties lm_head to the embedding (empty _tied_weights_keys)
+              tie=draw(st.booleans()) if family == "gdn" else False)
+    if family == "gdn":
+        kw.update(v_heads=kw["heads"] * draw(st.sampled_from([1, 2])), v_head_dim=draw(st.sampled_from([4, 8])),
+                  attn_kv_heads=draw(st.sampled_from([k for k in (1, 2) if kw["attn_heads"] % k == 0])),
+                  rotary=draw(st.sampled_from([r for r in (0.25, 0.5, 1.0) if int(kw["attn_head_dim"] * r) % 2 == 0])))
+    else:
+        kw.update(kv_lora_rank=draw(st.sampled_from([8, 16])), rope_head_dim=draw(st.sampled_from([2, 4])))
+    return HybridDims(**kw)
+
+
+def _prompts(data, vocab, long_min=12):
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="prompt seed"))
+    lengths = (1, data.draw(st.integers(2, 6), label="short prompt"),
+               data.draw(st.integers(long_min, long_min + 8), label="long prompt"))
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check):
+    model = hf_hybrid_model(d, seed)
+    oracle = [hf_greedy(model, p, n_new) for p in prompts]
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        refs = {dt: ReferenceLM.from_pretrained(tmp, dtype=dt) for dt in (torch.float32, torch.float64)}
+    assert refs[torch.float64].kinds == tuple("mixer" if t == "linear_attention" else "attention"
+                                              for t in d.layer_types)
+    for dtype, ref in refs.items():
+        for j, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
+            label = f"{d.family} reference ({dtype}) prompt {j} ({len(p)} tokens)"
+            forced = ref.greedy_generate(p, n_new, forced=toks)
+            check.close(f"{label}: step logits (teacher-forced)", forced.logits[:, :d.vocab], logits.double(),
+                        op="greedy_generate", impl="reference", dtype=dtype, tol=tolerance_for(torch.float32, 2.0),
+                        seed=seed, shapes={"prompt": [len(p)], "logits": list(logits.shape)},
+                        context=f"oracle: transformers generate; {d}")
+            for i, (a, b) in enumerate(zip(forced.tokens, toks)):
+                m = top2_margin(logits[i])
+                assert a == b or m <= MARGIN, (f"{label}: teacher-forced step {i}: ours {a}, transformers {b}, "
+                                               f"oracle top-2 margin {m:.3e}; prompt {p}")
+    free = refs[torch.float64].greedy_generate(prompts[-1], n_new)
+    bad = first_clear_mismatch(free.tokens, oracle[-1][0], oracle[-1][1], MARGIN)
+    assert bad is None, (f"{d.family} reference: greedy generation differs from transformers at step {bad[0]}: "
+                         f"ours {bad[1]}, transformers {bad[2]} (margin {bad[3]:.3e})\nours {free.tokens}\n"
+                         f"hf   {oracle[-1][0]}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_models_delta_reference_greedy_matches_transformers(family, data, check):
+    """Property: for a tiny random hybrid checkpoint saved by transformers (2-3 layers, at least one of each
+    kind, dense MLPs, tied or not), our reference LM loaded by our loader generates transformers' 16 greedy
+    tokens from prompts of 1, a few and 12+ tokens, in float32 and float64 (tie-aware), and its
+    teacher-forced per-step logits match transformers'."""
+    d = data.draw(hybrid_dims(family), label="dims")
+    _reference_parity(d, data.draw(st.integers(0, 2**16), label="seed"), _prompts(data, d.vocab), 16, check)
+
+
+@pytest.fixture
+def nightly_only(request):
+    if request.config.getoption("profile") != "nightly":
+        pytest.skip("deep model-parity variant runs only under --profile nightly (CI time budget)")
+
+
+@pytest.mark.slow
+@pytest.mark.nightly
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_models_delta_reference_greedy_matches_transformers_deep(family, data, check, nightly_only):
+    """Property (nightly depth): as above, for wider 4-layer models, prompts of 40+ tokens, 32 new tokens."""
+    d = data.draw(hybrid_dims(family, deep=True), label="dims")
+    _reference_parity(d, data.draw(st.integers(0, 2**16), label="seed"), _prompts(data, d.vocab, 40), 32, check)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_models_delta_engine_greedy_matches_transformers(family, data, impl, device, check):
+    """Property: the engine running implementation `impl` on `device` (fast loader; three requests of 1, a
+    few and 12+ prompt tokens in one batch, a token budget that splits prefills anywhere, mixer states in the
+    state pool, attention keys/values in paged KV pages) generates transformers' 16 greedy tokens per request
+    (tie-aware) with the logits that chose them within tolerance; then a fourth request extending the long
+    prompt starts from the prefix cache (mixer states and keys/values of its first blocks) and still
+    generates transformers' tokens."""
+    why = skip_reason(impl, device, family)
+    if why:
+        pytest.skip(why)
+    d = data.draw(hybrid_dims(family), label="dims")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    budget = data.draw(st.integers(5, 24), label="token budget")
+    prompts = _prompts(data, d.vocab)
+    prompts.append(prompts[-1] + prompts[1])  # shares the long prompt's first blocks
+    n_new = 16
+    model = hf_hybrid_model(d, seed)
+    oracle = [hf_greedy(model, p, n_new) for p in prompts]
+    factory = factory_for(impl, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        w = load_weights(tmp, device=device)
+    runner = factory((w.config, w.params), num_slots=4, token_budget=budget, cache_mode="all", block_size=8)
+    results = runner.run([Request(f"r{i}", p, max_new_tokens=n_new) for i, p in enumerate(prompts[:3])])
+    results.update(runner.run([Request("r3", prompts[3], max_new_tokens=n_new)]))
+    assert results["r3"].num_cached >= 8, f"the fourth request was not seeded from the prefix cache: {results['r3']}"
+    tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
+    for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
+        r = results[f"r{i}"]
+        bad = first_clear_mismatch(list(r.tokens), toks, logits, MARGIN)
+        assert bad is None, (f"{family} engine[{factory.impl.name}, {factory.dtype}] request {i} (prompt {p}, "
+                             f"{r.num_cached} tokens from the prefix cache): greedy token differs from transformers "
+                             f"at step {bad[0]}: ours {bad[1]}, transformers {bad[2]} (margin {bad[3]:.3e})\n"
+                             f"ours {list(r.tokens)}\nhf   {toks}")
+        agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
+        check.close(f"{family} request {i}: step logits vs transformers", r.step_logits[:agree, :logits.shape[-1]],
+                    logits[:agree].double(), op="engine_generate", impl=factory.impl.name, dtype=factory.dtype,
+                    tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]},
+                    context=f"oracle: transformers generate (fp32); token budget {budget}; {d}")
+
+
+@pytest.mark.parametrize("family, name", [("gdn", "layers.1.attn.q_norm.weight"),
+                                          ("kda", "layers.1.attn.kv_b_proj.weight")])
+def test_models_delta_oracle_can_fail(family, name):
+    """Property (the comparison can fail): a reference built on the checkpoint with one attention-layer
+    weight perturbed disagrees with transformers' logits (the full-attention layers matter to the oracle)."""
+    d = HybridDims(family=family)
+    model = hf_hybrid_model(d, 3)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    toks, logits = hf_greedy(model, prompt, 6)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        ck = load_checkpoint(tmp)
+    ck.params[name] = ck.params[name] + 0.5
+    out = ReferenceLM(ck.config, ck.params, dtype=torch.float64).greedy_generate(prompt, 6, forced=toks)
+    c = compare("perturbed", out.logits[:, :d.vocab], logits, tolerance_for(torch.float32))
+    assert not c.passed, c.message()
+
+
+def test_models_delta_loader_names():
+    """The hybrid checkpoints' key names: per layer type (an attention parameter in a linear-attention layer
+    is unexpected), Kimi Linear's dense MLP under `block_sparse_moe.` as transformers saves it, Qwen3-Next's
+    `mtp.*` head ignored; a config with MoE layers is refused by name when its parameters are asked for."""
+    from reference.loader import expected_parameters, map_name, plan_names, safetensors_keys
+    q = detect_config(json.loads(hf_hybrid_config(HybridDims("gdn")).to_json_string()))
+    k = detect_config(json.loads(hf_hybrid_config(HybridDims("kda")).to_json_string()))
+    assert map_name("model.layers.0.linear_attn.A_log", q) == "layers.0.mixer.A_log"
+    assert map_name("model.layers.1.self_attn.q_norm.weight", q) == "layers.1.attn.q_norm.weight"
+    assert map_name("model.layers.0.self_attn.q_proj.weight", k) == "layers.0.mixer.q_proj.weight"
+    assert map_name("model.layers.1.self_attn.q_proj.weight", k) == "layers.1.attn.q_proj.weight"
+    assert map_name("model.layers.1.block_sparse_moe.up_proj.weight", k) == "layers.1.mlp.up_proj.weight"
+    assert map_name("model.layers.0.linear_attn.A_log") is None  # without the config: the Mamba rules
+    for d, cfg in ((HybridDims("gdn"), q), (HybridDims("kda"), k)):
+        with tempfile.TemporaryDirectory() as tmp:
+            hf_hybrid_model(d, 0).save_pretrained(tmp)
+            keys = set(safetensors_keys(Path(tmp) / "model.safetensors"))
+        extra = {"mtp.fc.weight"} if d.family == "gdn" else set()
+        plan = plan_names(cfg, keys | extra, "ckpt")
+        assert set(plan.mapping) == set(expected_parameters(cfg)) and plan.ignored == sorted(extra)
+    with pytest.raises(ValueError, match=r"unexpected keys \['mtp.fc.weight'\]"):
+        plan_names(k, keys | {"mtp.fc.weight"}, "ckpt")
+    with pytest.raises(ValueError, match=r"unexpected keys \['model.layers.0.self_attn.q_norm.weight'\]"):
+        plan_names(q, keys_of(q) | {"model.layers.0.self_attn.q_norm.weight"}, "ckpt")
+    moe = detect_config(json.loads(hf_hybrid_config(HybridDims("gdn")).to_json_string()) | {"num_experts": 4})
+    with pytest.raises(ValueError, match=r"^cfg.mlp_layer_types\[0\]: expected 'dense' \(mixture-of-experts"):
+        expected_parameters(moe)
+
+
+def keys_of(cfg) -> set:
+    """Qwen3-Next checkpoint keys of every parameter of `cfg` (as transformers names them)."""
+    from reference.loader import expected_parameters
+    keys = set()
+    for n in expected_parameters(cfg):
+        top = {"embedding.weight": "model.embed_tokens.weight", "norm_f.weight": "model.norm.weight",
+               "lm_head.weight": "lm_head.weight"}
+        if n in top:
+            keys.add(top[n])
+            continue
+        _, i, rest = n.split(".", 2)
+        rest = {"norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight"}.get(
+            rest, rest)
+        part, _, leaf = rest.partition(".")
+        rest = {"mixer": f"linear_attn.{leaf}", "attn": f"self_attn.{leaf}"}.get(part, rest)
+        keys.add(f"model.layers.{i}.{rest}")
+    return keys
