@@ -24,7 +24,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.checks import compare, tolerance_for
+from harness.testing.checks import compare, tolerance_for
 from harness.engine.scheduler import Request
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason

@@ -12,8 +12,9 @@ from unittest import mock
 import pytest
 import torch
 
-from harness.checks import assert_bitwise_equal
-from harness.impls.optest import gen, other_layout_pool, qsl_from, rand, randn, require, run_pool_case
+from harness.testing.checks import assert_bitwise_equal
+from harness.testing.optest import other_layout_pool, rand, randn, require, run_pool_case
+from reference.testing import cu_seqlens_from, gen
 from harness.testing import make_pool
 
 OP = "gated_delta_rule_varlen"
@@ -45,7 +46,7 @@ def _case(lengths, device, dtype, *, Hk=1, Hv=2, K=8, V=5, slots=None, init=None
     init = [i % 2 == 0 for i in range(S)] if init is None else list(init)
     pool = make_pool(max(slots + [0]) + 2, (Hv, V, K), torch.float64 if dtype == torch.float64 else torch.float32,
                      device, layout=layout, seed=seed)
-    args = [q, k, v, g, beta, pool, qsl_from(lengths, device), torch.tensor(slots, dtype=torch.int32, device=device),
+    args = [q, k, v, g, beta, pool, cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor(slots, dtype=torch.int32, device=device),
             torch.tensor(init, dtype=torch.bool, device=device)]
     return args, slots
 

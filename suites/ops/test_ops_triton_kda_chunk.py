@@ -16,8 +16,9 @@ from unittest import mock
 import pytest
 import torch
 
-from harness.checks import assert_bitwise_equal, tolerance_for
-from harness.impls.optest import gen, qsl_from, rand, randn, run_pool_case, token_mask
+from harness.testing.checks import assert_bitwise_equal, tolerance_for
+from harness.testing.optest import rand, randn, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen
 from harness.testing import make_pool
 
 OP = "kda_varlen"
@@ -76,7 +77,7 @@ def _case(device, dtype, lengths, *, H=2, K=8, V=5, decay="typical", seed=0, l2n
     has_init = [i % 2 == 0 for i in range(S)] if has_init is None else has_init
     pool = make_pool(S + 2, (H, V, K), torch.float64 if dtype == torch.float64 else torch.float32, device,
                      layout=layout, seed=seed)
-    args = [q, k, v, g, beta, pool, qsl_from(lengths, device), torch.tensor(slots, dtype=torch.int32, device=device),
+    args = [q, k, v, g, beta, pool, cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor(slots, dtype=torch.int32, device=device),
             torch.tensor(has_init, dtype=torch.bool, device=device)]
     return args, slots
 
