@@ -20,12 +20,14 @@
 #               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
 #   throughput  harness bench throughput, falcon-mamba-7b and mamba-codestral-7b shapes,
 #               transformers alongside                                                  -> throughput.jsonl
-#   peers       op suites and the engine oracle with the peers' adapters               -> results-peers.jsonl
+#   peers       op suites, the engine and delta-mixer oracles with the peers' adapters (mamba_ssm,
+#               causal_conv1d, fla, vllm, sglang: those importable)                       -> results-peers.jsonl
 #   sweep       (only when named) harness bench sweep for every op with launch-configuration candidates:
 #               the winners go to harness/impls/triton/configs/<device>/ (review, then commit them); the
 #               timings to <logs>/sweep.jsonl
 #
-# Peers come from the sdists in .peers/ (scripts/peers_setup.sh). Their CUDA extensions (selective_scan_cuda,
+# Peers come from .peers/ (scripts/peers_setup.sh): sdists (mamba_ssm, causal-conv1d), pure-Python wheels
+# (fla-core, einops) and the sources scripts/peers_fetch.py extracts (vLLM, SGLang) in .peers/src. Their CUDA extensions (selective_scan_cuda,
 # causal_conv1d_cuda) are compiled for sm_90 in the background from the start, forward only
 # (scripts/build_peer_ext.py); the built modules are gzipped into <logs>/ext/: copied into .peers/ext/ they
 # are reused next time instead of rebuilt.
@@ -143,7 +145,8 @@ if want bench; then
   if [ "$(left)" -lt 60 ]; then log "bench: skipped (budget spent)"; else
     t=$(date +%s); rc=0
     # the peers' own CUDA kernels are backends of the same run: wait for the background builds first
-    w=$(limit ${BUILD_WAIT_S:-400})
+    # (only when their sources were carried: .peers/*.tar.gz)
+    w=$(limit ${BUILD_WAIT_S:-400}); ls .peers/*.tar.gz >/dev/null 2>&1 || w=0
     while [ "$w" -gt 0 ] && [ "$(ls /tmp/peers/ext/*.so 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; w=$(( w - 5 )); done
     log "bench: peer extensions: $(ls /tmp/peers/ext/*.so 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
     timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
@@ -177,7 +180,8 @@ if want peers; then
     # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
     # is not importable would stop the run)
     timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ops suites/models/test_models_engine_oracle.py \
-      -k "mamba_ssm or causal_conv1d or fla" $PYTEST_COMMON -n "$WORKERS" --results "$LOGS/results-peers.jsonl" \
+      suites/models/test_models_delta_mixer_oracle.py \
+      -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" --results "$LOGS/results-peers.jsonl" \
       --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
     rc=$?; place results-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
     log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
@@ -188,7 +192,7 @@ if want sweep; then
   if [ "$(left)" -lt 60 ]; then log "sweep: skipped (budget spent)"; else
     t=$(date +%s)
     timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
-      --op selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen \
+      --op selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update \
       --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$LOGS/sweep.jsonl" > "$LOGS/sweep.txt" 2>&1
     rc=$?; note sweep $rc $(( $(date +%s) - t ))
     log "sweep: exit $rc; configs: $(git status --short harness/impls/triton/configs | tr '\n' ' ')"
