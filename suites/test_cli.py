@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import textwrap
@@ -102,15 +103,23 @@ def test_help_and_version_import_no_torch(argv):
     assert r.stdout.strip().splitlines()[-1] == "NO-TORCH", r.stdout[-500:]
 
 
+def _cpu_seconds(argv) -> tuple[float, subprocess.CompletedProcess]:
+    """CPU seconds (user + system) a child `python argv` takes: unlike wall time, it does not grow when the
+    machine is busy with other work (the suites run this beside 2-14 xdist workers)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = _py(argv)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), r
+
+
 def test_help_and_version_answer_in_well_under_a_second():
-    """`python -m harness.cli --help` / `--version` take well under a second (the best of three tries, so a
-    busy machine does not decide it); --version names the package version and the git sha."""
+    """`python -m harness.cli --help` / `--version` take well under a second of CPU time (the best of three
+    tries); --version names the package version and the git sha."""
     for argv in (["--help"], ["--version"]):
         best = float("inf")
         for _ in range(3):
-            t0 = time.perf_counter()
-            r = _py(["-m", "harness.cli", *argv])
-            best = min(best, time.perf_counter() - t0)
+            secs, r = _cpu_seconds(["-m", "harness.cli", *argv])
+            best = min(best, secs)
             assert r.returncode == 0, r.stderr
         assert best < 1.0, (argv, best)
     assert re.match(r"harness \(ssm-harness\) \S+, git (\w{40}(-dirty)?|sha unknown)$", r.stdout.strip()), r.stdout

@@ -101,14 +101,15 @@ def test_peer_native_backends_are_declared():
     assert all(b.peer and b.devices == ("cuda",) for b in natives.values())
 
 
-def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys):
-    """`harness bench sweep` times the starting configuration and the candidates at the op's (CPU) shapes,
+def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device):
+    """`harness bench sweep` times the starting configuration and the candidates at the op's shapes for the
+    session's device (the CPU's under the interpreter),
     records each, writes the module's configuration file for the device folder, and leaves the module's
     configuration in this process as it found it."""
     from harness.impls.triton import selective_state_update as ssu
     before = dict(ssu.CONFIG)
     out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
-    assert main(["bench", "sweep", "--device", "cpu", "--op", "selective_state_update", "--group", "mamba2",
+    assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "selective_state_update", "--group", "mamba2",
                  "--candidates", "1", *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev",
                  "--out", str(out)]) == 0
     t = timings(out)
@@ -123,10 +124,10 @@ def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys):
     gates_clean(out, capsys)
 
 
-def test_bench_sweep_no_write(tmp_path):
+def test_bench_sweep_no_write(tmp_path, device):
     """--no-write reports without writing a configuration file."""
     cfg = tmp_path / "configs"
-    assert main(["bench", "sweep", "--device", "cpu", "--op", "causal_conv1d_update", "--candidates", "1",
+    assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "causal_conv1d_update", "--candidates", "1",
                  *QUICK[:4], "--config-dir", str(cfg), "--no-write", "--out", str(tmp_path / "s.jsonl")]) == 0
     assert not cfg.exists()
 
