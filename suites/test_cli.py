@@ -12,7 +12,6 @@ import resource
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
