@@ -297,6 +297,77 @@ def _grid(base: Impl, bug: bool) -> Impl:
     return with_ops(base, f"{base.name}+grid_ssd" + ("[cumsum at chunk start]" if bug else ""), ssd_varlen=fn)
 
 
+DELTA = dict(families=("gdn", "kda"))
+DELTA_VARLEN = ("gated_delta_rule_varlen", "kda_varlen")
+DELTA_UPDATE = ("gated_delta_rule_update", "kda_update")
+
+
+def _key_major(pool: torch.Tensor) -> torch.Tensor:
+    """The pool's slots indexed (V, K) but laid out key-major in memory ((K, V), fla's default layout): what a
+    kernel that stores the state the other way round writes. Pools whose slots are not densely packed are
+    returned as they are."""
+    *_, V, K = pool.shape
+    st = pool.stride()
+    if st[-1] != 1 or st[-2] != K:
+        return pool
+    return pool.as_strided(pool.shape, (*st[:-2], 1, V), pool.storage_offset())
+
+
+def _delta_key_major_prefill(base: Impl) -> Impl:
+    """The chunked prefill stores (and reads) the state key-major; the decode reads it value-major."""
+    def before(a):
+        a["ssm_states"] = _key_major(a["ssm_states"])
+        return a
+    return with_ops(base, f"{base.name}[delta prefill key-major]",
+                    **{n: wrap_op(n, base.ops[n], before) for n in DELTA_VARLEN if n in base.ops})
+
+
+def _decay_factor(g: torch.Tensor) -> torch.Tensor:
+    """exp(g) shaped to multiply a (H, V, K) state: per head (GDN, g (H,)) or per key channel (KDA, (H, K))."""
+    f = torch.exp(g.to(torch.float32))
+    return f[:, None, None] if f.dim() == 1 else f[:, None, :]
+
+
+def _delta_tail_chunk(base: Impl, chunk: int = 8) -> Impl:
+    """The zero-padded tail of a sequence's last chunk decays the final state: each padding position applies
+    the last token's decay again (the chunked form's padding taken for tokens)."""
+    def after(a, y):
+        q = a["query_start_loc"].tolist()
+        pool, g = a["ssm_states"], a["g"]
+        for s, slot in enumerate(a["cache_indices"].tolist()):
+            n = q[s + 1] - q[s]
+            if slot == C_.PAD_SLOT_ID or n == 0 or n % chunk == 0:
+                continue
+            f = _decay_factor(g[q[s + 1] - 1]) ** (chunk - n % chunk)
+            pool[slot] = (pool[slot].float() * f.to(pool.device)).to(pool.dtype)
+    return with_ops(base, f"{base.name}[delta tail chunk decays]",
+                    **{n: wrap_op(n, base.ops[n], after=after) for n in DELTA_VARLEN if n in base.ops})
+
+
+def _delta_decay_after_write(base: Impl) -> Impl:
+    """The decode step writes the delta into the undecayed state and decays afterwards:
+    S <- exp(g) (S + beta (v - S k) k^T) instead of S <- exp(g) S; S <- S + beta (v - S k) k^T."""
+    ops = {}
+    for name in DELTA_UPDATE:
+        if name not in base.ops:
+            continue
+        names, fn = OP_ARGS[name], base.ops[name]
+
+        def op(*args, names=names, fn=fn, **kw):
+            a = dict(zip(names, args))
+            g = a["g"]
+            a["g"] = torch.zeros_like(g)
+            y = fn(*[a[n] for n in names], **kw)
+            pool, pad = a["ssm_states"], kw.get("pad_slot_id", C_.PAD_SLOT_ID)
+            for b, slot in enumerate(a["state_indices"].tolist()):
+                if slot != pad:
+                    pool[slot] = (pool[slot].float() * _decay_factor(g[b]).to(pool.device)).to(pool.dtype)
+            return y
+        op.__name__ = f"broken_{name}"
+        ops[name] = op
+    return with_ops(base, f"{base.name}[delta decay after write]", **ops)
+
+
 M2 = dict(families=("mamba2",))
 VARIANTS = [
     Variant("seeding_gate", "1", "has_initial_states ANDed with the track mask in build_metadata",
@@ -326,6 +397,14 @@ VARIANTS = [
     Variant("falcon_norms_wrong_eps", "11", "Falcon-Mamba B/C/dt RMSNorm with the layer norm's eps (1e-5) "
             "instead of mixer_rms_eps (1e-6)", patch=lambda: _falcon_norm("eps"),
             strategy=dict(families=("falcon_mamba",))),
+    Variant("delta_state_key_major", "16", "the GDN/KDA chunked prefill stores the state key-major (K, V); the "
+            "decode reads it value-major (V, K)", impl=_delta_key_major_prefill, strategy=DELTA),
+    Variant("delta_pad_wraps_to_last_slot", "9", "GDN/KDA: pad ids (-1) index the last slot (read and written)",
+            impl=_pad_wrap, strategy=dict(DELTA, pads=(4,))),
+    Variant("delta_tail_chunk_decays", "16", "GDN/KDA prefill: the zero-padded tail of the last chunk decays "
+            "the final state", impl=_delta_tail_chunk, strategy=DELTA),
+    Variant("delta_decay_after_write", "16", "GDN/KDA decode: the decay is applied after the delta write",
+            impl=_delta_decay_after_write, strategy=DELTA),
 ]
 
 # ============================================================================ running
