@@ -3,6 +3,8 @@
     python scripts/peers_fetch.py [PEER ...]      # default: every adapter that declares a SOURCE
 
 Runs where pip can reach a package index. For each adapter module of harness/impls/adapters with a
+`SOURCE = PeerSdist(...)`: downloads its source archive into .peers/ (built on the GPU machine by gpu.sh); with
+`SOURCE = PeerWheels(...)`: downloads those pure-Python wheels into .peers/; with a
 `SOURCE = PeerSource(...)`: downloads the pinned wheel (no dependencies) into .peers/wheels/, extracts only
 the files it lists into .peers/src/, adds empty package `__init__.py` files where the wheel's own are left
 out, and writes the adapter's stubs. The result is small enough to carry to the GPU machine with the
@@ -26,16 +28,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from harness.impls import adapters  # noqa: E402
-from harness.impls.adapters._source import SRC_DIR, WHEEL_DIR, PeerSource  # noqa: E402
+from harness.impls.adapters._source import PEERS_DIR, SRC_DIR, WHEEL_DIR, PeerSdist, PeerSource, PeerWheels  # noqa: E402
 
 
-def sources() -> dict[str, PeerSource]:
+def sources() -> dict[str, PeerSource | PeerSdist | PeerWheels]:
     out = {}
     for m in pkgutil.iter_modules(adapters.__path__):
         if m.name.startswith("_"):
             continue
         src = getattr(importlib.import_module(f"harness.impls.adapters.{m.name}"), "SOURCE", None)
-        if isinstance(src, PeerSource):
+        if isinstance(src, (PeerSource, PeerSdist, PeerWheels)):
             out[m.name] = src
     return out
 
@@ -90,6 +92,24 @@ def extract(src: PeerSource, wheel: str) -> str:
     return os.path.join(dest, top)
 
 
+def fetch_sdist(src: PeerSdist) -> str:
+    """The source archive of `src` in .peers/ (downloaded once), from the package index's JSON API."""
+    import json
+    import urllib.request
+    with urllib.request.urlopen(f"https://pypi.org/pypi/{src.name}/json", timeout=60) as r:
+        meta = json.load(r)
+    files = [u for u in meta.get("releases", {}).get(src.version, []) if u.get("packagetype") == "sdist"]
+    if not files:
+        raise SystemExit(f"peers_fetch: {src.requirement}: expected a source archive on the index, got none")
+    dest = os.path.join(ROOT, PEERS_DIR, files[0]["filename"])
+    if not os.path.exists(dest):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with urllib.request.urlopen(files[0]["url"], timeout=300) as r, open(dest + ".part", "wb") as f:
+            shutil.copyfileobj(r, f)
+        os.replace(dest + ".part", dest)
+    return dest
+
+
 def main(argv: list[str]) -> int:
     found = sources()
     want = argv or sorted(found)
@@ -99,6 +119,15 @@ def main(argv: list[str]) -> int:
         return 4
     for name in want:
         src = found[name]
+        if isinstance(src, PeerWheels):
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                            "-d", os.path.join(ROOT, PEERS_DIR), *src.requirements], check=True)
+            print(f"{name}: {', '.join(src.requirements)} -> {PEERS_DIR}/")
+            continue
+        if isinstance(src, PeerSdist):
+            path = fetch_sdist(src)
+            print(f"{name}: {src.requirement} -> {os.path.relpath(path, ROOT)} ({os.path.getsize(path) / 1e6:.2f} MB)")
+            continue
         root = extract(src, wheel_path(src))
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
         print(f"{name}: {src.wheel} -> {os.path.relpath(root, ROOT)} ({size / 1e6:.2f} MB)")

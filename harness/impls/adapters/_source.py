@@ -8,12 +8,18 @@ registry, extracts only those files into the git-ignored `.peers/src/`, and writ
 `scripts/peers_setup.sh` puts `.peers/src` on PYTHONPATH. Where the real package is installed, the adapter
 imports it and the extracted copy is not used. Nothing of the peers is committed: only the list of files
 and our stubs are.
+
+A peer whose kernels are CUDA extensions built from source (mamba_ssm, causal-conv1d) declares
+`SOURCE = PeerSdist("<pkg>==<version>")`: the fetch script downloads its source archive into `.peers/`
+(from the package index's JSON API: `pip download` of an sdist runs its build, which needs CUDA), and
+`scripts/gpu.sh` compiles the extensions on the GPU machine (`scripts/build_peer_ext.py`).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
+PEERS_DIR = ".peers"
 SRC_DIR = os.path.join(".peers", "src")
 WHEEL_DIR = os.path.join(".peers", "wheels")
 
@@ -44,3 +50,33 @@ class PeerSource:
     @property
     def version(self) -> str:
         return self.wheel.split("==")[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerSdist:
+    """requirement: a pinned 'name==version' whose source archive goes to .peers/ as it is."""
+    requirement: str
+
+    def __post_init__(self):
+        if "==" not in self.requirement:
+            raise ValueError(f"requirement: expected a pinned 'name==version', got {self.requirement!r}")
+
+    @property
+    def name(self) -> str:
+        return self.requirement.split("==")[0]
+
+    @property
+    def version(self) -> str:
+        return self.requirement.split("==")[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerWheels:
+    """requirements: pinned pure-Python wheels ('name==version', ...) that go to .peers/ as they are and that
+    scripts/peers_setup.sh installs into a private folder on the GPU machine (fla-core and its einops)."""
+    requirements: tuple[str, ...]
+
+    def __post_init__(self):
+        bad = [r for r in self.requirements if "==" not in r]
+        if bad:
+            raise ValueError(f"requirements: expected pinned 'name==version' entries, got {bad}")

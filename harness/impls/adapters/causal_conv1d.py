@@ -13,7 +13,11 @@ import torch
 
 from harness import ops as C
 from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters._source import PeerSdist
 from harness.impls.registry import Impl, register
+
+# the source archive scripts/peers_fetch.py downloads; scripts/gpu.sh builds its CUDA extensions
+SOURCE = PeerSdist("causal-conv1d==1.7.0")
 
 
 def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,

@@ -18,7 +18,11 @@ import torch
 
 from harness import ops as C
 from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters._source import PeerWheels
 from harness.impls.registry import Impl, register
+
+# the wheels scripts/peers_fetch.py downloads into .peers/ (scripts/peers_setup.sh installs them)
+SOURCE = PeerWheels(("fla-core==0.6.0", "einops==0.8.2"))
 
 _GDN = "fla.ops.gated_delta_rule"
 _KDA = "fla.ops.kda"

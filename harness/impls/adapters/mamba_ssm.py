@@ -24,7 +24,11 @@ import torch
 
 from harness import ops as C
 from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters._source import PeerSdist
 from harness.impls.registry import Impl, register
+
+# the source archive scripts/peers_fetch.py downloads; scripts/gpu.sh builds its CUDA extensions
+SOURCE = PeerSdist("mamba-ssm==2.3.2.post1")
 
 _SSU = "mamba_ssm.ops.triton.selective_state_update"
 _SSD = "mamba_ssm.ops.triton.ssd_combined"
