@@ -14,7 +14,9 @@ Findings that gate (exit code 1)
                 max(err_floor_frac x tolerance ratio, err_k x baseline error ratio);
   performance   tok/s (else GB/s, else 1/ms) below (1 - threshold') x baseline, where
                 threshold' = threshold + noise_k x max(p20-p80 spread / p50 of either run), so noise
-                does not gate; peers' timings (peer=true) are gated only with --gate-peers;
+                does not gate; peers' timings (peer=true) are gated only with --gate-peers, the
+                float64-oracle `reference` implementation's (plain loops, not a product) only with
+                --gate-reference;
   missing       a baseline case (comparison group or timing) absent from the candidate;
   invalid-timing a timing record (of either run, with no `error`) whose numbers cannot be a
                 measurement: tok/s, GB/s or ms p20/p50/p80 NaN, infinite, zero or negative,
@@ -56,6 +58,7 @@ class GateConfig:
     err_k: float = 2.0             # error ratio may grow up to err_k x baseline ...
     err_floor_frac: float = 0.1    # ... or up to this fraction of the dtype's tolerance ratio
     gate_peers: bool = False
+    gate_reference: bool = False
     allow_cross_device: bool = False
 
     def validate(self) -> None:
@@ -292,8 +295,10 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
         thr = cfg.perf_threshold + cfg.noise_k * spread
         ratio = cv / bv
         peer = bool(b.get("peer")) or bool(c.get("peer"))
+        oracle = b.get("impl") == "reference" or c.get("impl") == "reference"
         if ratio < 1 - thr:
-            kind = "performance" if (cfg.gate_peers or not peer) else "peer-slower"
+            kind = ("peer-slower" if peer and not cfg.gate_peers else
+                    "reference-slower" if oracle and not cfg.gate_reference else "performance")
             F.append(Finding(kind, fmt_key(k),
                              f"{mname} {cv:.4g} is {100 * (1 - ratio):.1f}% below baseline {bv:.4g} "
                              f"(allowed {100 * thr:.1f}% = threshold {100 * cfg.perf_threshold:.1f}% "
@@ -330,8 +335,9 @@ def _fmt(v) -> str:
 
 
 def summary_table(res: GateResult, show_info: bool = False, width: int = 150) -> str:
-    rows = [f for f in res.findings if f.gating or show_info or f.kind in ("still-failing", "peer-slower")]
-    order = {k: i for i, k in enumerate(GATING_KINDS + ("peer-slower", "still-failing", "improved", "info"))}
+    shown = ("still-failing", "peer-slower", "reference-slower")
+    rows = [f for f in res.findings if f.gating or show_info or f.kind in shown]
+    order = {k: i for i, k in enumerate(GATING_KINDS + shown + ("improved", "info"))}
     rows.sort(key=lambda f: (order.get(f.kind, 99), f.key))
     s = res.stats
     lines = [f"gate: baseline {res.baseline}  vs  candidate {res.candidate}",
@@ -370,6 +376,8 @@ def add_args(p) -> None:
     p.add_argument("--err-floor-frac", type=float, default=d.err_floor_frac,
                    help=f"errors below this fraction of the dtype's tolerance ratio never gate (default {d.err_floor_frac})")
     p.add_argument("--gate-peers", action="store_true", help="also gate peers' (third-party) timings")
+    p.add_argument("--gate-reference", action="store_true",
+                   help="also gate the reference implementation's timings (plain loops; not gated by default)")
     p.add_argument("--allow-cross-device", action="store_true", help="compare runs from different devices")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the findings as JSON")
     p.add_argument("--all", action="store_true", help="list informational findings too (improvements, ...)")
@@ -380,6 +388,7 @@ def run_gate(args) -> int:
     try:
         cfg = GateConfig(perf_threshold=args.perf_threshold, noise_k=args.noise_k, err_k=args.err_k,
                          err_floor_frac=args.err_floor_frac, gate_peers=args.gate_peers,
+                         gate_reference=args.gate_reference,
                          allow_cross_device=args.allow_cross_device)
         cfg.validate()  # before any file is read
         with warnings.catch_warnings():

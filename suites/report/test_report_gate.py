@@ -75,6 +75,25 @@ def test_perf_threshold_widened_by_spread(drop, spread, threshold):
     assert bool(kinds(res, "performance")) == (drop > threshold + spread)
 
 
+def test_reference_and_peer_timings_gate_only_when_asked():
+    """A 50 % slowdown of the `reference` implementation (plain float64-oracle loops) or of a peer is listed
+    but does not gate by default; --gate-reference / --gate-peers make it gate; ours always gates."""
+    def timing(impl, tok_s, peer=False):
+        ms = 1000.0 / tok_s
+        return {"kind": "timing", "bench": f"op/{impl}", "op": "op", "impl": impl, "dtype": "float32",
+                "shape": {"T": 64}, "tokens": 1, "tok_s": tok_s, "ms_p50": ms, "ms_p20": ms, "ms_p80": ms,
+                "device": "cpu", "peer": peer}
+    env = [{"device": "cpu", "device_name": "cpu"}]
+    impls = (("reference", False), ("vllm", True), ("torch", False))
+    b = Run("b", "b", envs=env, timings=[timing(i, 1000.0, p) for i, p in impls])
+    c = Run("c", "c", envs=env, timings=[timing(i, 500.0, p) for i, p in impls])
+    res = gate_runs(b, c, GateConfig())
+    assert [f.key.split(" | ")[1] for f in kinds(res, "performance")] == ["torch"]
+    assert len(kinds(res, "reference-slower")) == 1 and len(kinds(res, "peer-slower")) == 1
+    res = gate_runs(b, c, GateConfig(gate_reference=True, gate_peers=True))
+    assert len(kinds(res, "performance")) == 3
+
+
 def test_planted_accuracy_regression_is_flagged(runs):
     """Comparisons that passed in the baseline and fail in the candidate are accuracy regressions."""
     reg = {("selective_scan_varlen", "triton", "bfloat16")}
