@@ -189,8 +189,8 @@ def test_loader_rejects_bad_runs(tmp_path):
 def _pytest_benchmark_json(path, median_s, q1, q3):
     data = {"machine_info": {"node": "h", "cpu": {"brand_raw": "Fake CPU"}}, "commit_info": {"id": "abc"},
             "version": "5.2.3", "datetime": "2026-11-29T00:00:00",
-            "benchmarks": [{"name": "test_bench[conv-ref]", "group": None, "params": {},
-                            "extra_info": {"bench": "causal_conv1d_varlen/reference", "op": "causal_conv1d_varlen",
+            "benchmarks": [{"name": "test_bench[conv-torch]", "group": None, "params": {},
+                            "extra_info": {"bench": "causal_conv1d_varlen/torch", "op": "causal_conv1d_varlen",
                                            "impl": "torch", "dtype": "float32", "shape": {"T": 64, "D": 16},
                                            "tokens": 64, "bytes": 10000, "device": "cpu"},
                             "stats": {"median": median_s, "q1": q1, "q3": q3, "rounds": 10}}]}
