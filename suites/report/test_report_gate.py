@@ -278,7 +278,7 @@ def test_malformed_pytest_benchmark_json_is_exit_2(tmp_path, capsys):
         bad.write_text(json.dumps(data))
         assert main(["gate", "--baseline", good, "--candidate", str(bad)]) == 2, name
         err = capsys.readouterr().err
-        assert f"{name}.json: benchmarks[0] ('test_bench[conv-ref]')" in err and want in err, err
+        assert f"{name}.json: benchmarks[0] ('test_bench[conv-torch]')" in err and want in err, err
         assert main(["report", good, str(bad), "-o", str(tmp_path / "r.html")]) == 2
         assert want in capsys.readouterr().err
 
