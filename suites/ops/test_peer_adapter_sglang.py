@@ -4,7 +4,10 @@
   validates before anything else (bad input is a ValueError naming the argument, and nothing is written),
   and a valid call declines with a NotImplementedError naming sglang.
 * On CUDA: the regression examples of the SGLang bugs in docs/findings.md (xfail(strict=True): they
-  document the bug, and turn into failures once it is fixed).
+  document the bug, and turn into failures once it is fixed), and the batches the adapter must keep from
+  the kernels: empty sequences next to non-empty ones in the chunked GDN / KDA prefill (SGLang's chunk
+  tables misnumber the sequences after one), prefills of empty sequences only, decode batches of no rows
+  or pads only.
 
 Skipped where sglang is not importable (CI): `python scripts/peers_fetch.py sglang` and
 `PYTHONPATH=$PWD/.peers/src`.
@@ -14,6 +17,7 @@ import torch
 
 from harness.ops import SPECS
 from harness.impls.adapters import sglang as adapter
+from harness.testing.delta_cases import EMPTY_SEQUENCE_CASES, case_id, run_empty_update, run_varlen_case
 
 _MISSING = adapter.unavailable_reason("sglang", *adapter.MODULES)
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
@@ -93,3 +97,81 @@ def test_conv_width_five_matches_reference(op):
                          **{k: ref_kw[k] for k in sp.options if k in ref_kw})
     torch.testing.assert_close(y.double(), y_ref.double(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(kw[sp.pool].double(), ref_kw[sp.pool].double(), rtol=1e-4, atol=1e-4)
+
+
+# ---- empty sequences and empty batches ----------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="sglang 0.5.23 fla/index.py prepare_chunk_indices numbers the sequences by their "
+                   "chunks: after an empty sequence (no chunk) every chunk gets the previous sequence; "
+                   "see docs/findings.md")
+@pytest.mark.parametrize("cu,want", [([0, 0, 2, 2], [[1, 0]]), ([0, 2, 2, 4], [[0, 0], [2, 0]])])
+def test_sglang_chunk_indices_skip_empty_sequences(cu, want):
+    """The (sequence, chunk) table of the chunked GDN / KDA kernels names, for each chunk, the sequence that
+    owns it (an empty sequence owns none). Pure torch: runs on the CPU."""
+    from sglang.kernels.ops.attention.fla.index import prepare_chunk_indices
+    got = prepare_chunk_indices(torch.tensor(cu, dtype=torch.int64), 64).tolist()
+    assert got == want
+
+
+GDN_HEADS = [(1, 2), (2, 4)]  # (Hk, Hv)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "page_major"])
+@pytest.mark.parametrize("heads", GDN_HEADS, ids=lambda h: f"Hk{h[0]}_Hv{h[1]}")
+@pytest.mark.parametrize("case", EMPTY_SEQUENCE_CASES, ids=case_id)
+def test_gdn_varlen_with_empty_sequences(check, case, heads, layout):
+    """Empty sequences (live or pads) next to non-empty ones, bf16: the adapter runs the live non-empty
+    sequences only and gives an empty live one the contract's result (its slot keeps its initial state,
+    zeros without one); outputs and states match the reference."""
+    device = _cuda()
+    Hk, Hv = heads
+    run_varlen_case(check, adapter.gated_delta_rule_varlen, "sglang", "gated_delta_rule_varlen", "gdn", case,
+                    Hk=Hk, Hv=Hv, K=128, V=5, dtype=torch.bfloat16, device=device, layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "page_major"])
+@pytest.mark.parametrize("H", [1, 2])
+@pytest.mark.parametrize("case", EMPTY_SEQUENCE_CASES, ids=case_id)
+def test_kda_varlen_with_empty_sequences(check, case, H, layout):
+    """The same batches through KDA's chunked prefill."""
+    device = _cuda()
+    run_varlen_case(check, adapter.kda_varlen, "sglang", "kda_varlen", "kda", case, Hk=H, Hv=H, K=128, V=5,
+                    dtype=torch.bfloat16, device=device, layout=layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("slots", [[], [-1, -1]], ids=["B0", "pads_only"])
+@pytest.mark.parametrize("kind,op", [("gdn", "gated_delta_rule_update"), ("kda", "kda_update")])
+def test_delta_update_with_no_live_row(kind, op, slots, dtype):
+    """A decode batch of no rows (or pads only) returns its (empty or zero) output and touches no slot."""
+    device = _cuda()
+    run_empty_update(OPS[op], op, kind, B=len(slots), slots=slots, Hk=1, K=3, V=5, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d_update", "selective_state_update"])
+def test_mamba_update_with_empty_batch(op):
+    """An empty decode batch of the conv and the Mamba state update returns an empty output, pool unchanged."""
+    device = _cuda()
+    sp, kw = _case(op, device=device, B=0)
+    before = kw[sp.pool].clone()
+    y = _call(op, sp, kw)
+    assert y.shape[0] == 0
+    assert torch.equal(kw[sp.pool], before)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d_varlen", "ssd_varlen", "gated_delta_rule_varlen", "kda_varlen"])
+def test_prefill_of_empty_sequences_only(op):
+    """A prefill batch of empty sequences only (T = 0): empty output; a live request with an initial state
+    keeps it, one without gets zeros, a pad's slot and unnamed slots are unchanged."""
+    device = _cuda()
+    sp, kw = _case(op, device=device, dtype=torch.bfloat16, T=0, S=3, fresh=1)
+    pool = kw[sp.pool]
+    kw["cache_indices"] = torch.tensor([1, -1, 3], dtype=torch.int32, device=device)
+    kw["has_initial_state"] = torch.tensor([True, True, False], device=device)
+    before = pool.clone()
+    y = _call(op, sp, kw)
+    assert y.shape[0] == 0
+    want = before.clone()
+    want[3] = 0
+    assert torch.equal(pool, want)

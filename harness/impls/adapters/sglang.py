@@ -22,15 +22,18 @@ offers it alone for a CPU run):
 * ssd_varlen             <- triton_ops.ssd_combined.mamba_chunk_scan_combined on the packed batch as batch 1,
   with seq_idx, chunk_indices / chunk_offsets built as SGLang's Mamba2Metadata.prepare_mixed builds them
   (the latter only when a request has an initial state) and the initial states gathered the way
-  MambaMixer2 does (`torch.where(has_initial_state, pool[idx], 0)`). Not supported: an empty batch; an
-  empty sequence (SGLang schedules none; its chunk tables are wrong for one, see docs/findings.md).
+  MambaMixer2 does (`torch.where(has_initial_state, pool[idx], 0)`). Not supported: an empty sequence in a
+  batch of tokens (SGLang schedules none; its chunk tables are wrong for one, see docs/findings.md).
 * gated_rms_norm         <- kernels.ops.attention.fla.layernorm_gated.rms_norm_gated (CUDA only: it sizes
   its launch by the GPU's SM count).
 * gated_delta_rule_varlen <- fla.chunk.chunk_gated_delta_rule; kda_varlen <- fla.kda.chunk_kda. Both take
   the pool and a slot per sequence and write the final states back in place; there is no has_initial_state
-  (a slot is read unless its index is negative). When every live request has an initial state and the pool
-  is one contiguous tensor, the adapter runs them in place on the pool (SGLang's serving path). Otherwise
-  it runs them on a scratch copy of the named slots (zeros for requests without an initial state) and
+  (a slot is read unless its index is negative). Only the live non-empty sequences run (SGLang schedules
+  no empty prefill, and its chunk kernels go wrong for a batch that holds one); an empty live request gets
+  the contract's result from the adapter (its slot keeps its initial state, zeros without one), pads are
+  left out (zero outputs). When every request that runs has an initial state and the pool is one
+  contiguous tensor, the adapter runs them in place on the pool (SGLang's serving path). Otherwise it
+  runs them on a scratch copy of the named slots (zeros for requests without an initial state) and
   writes the final states back: a request without an initial state must not see its slot's stale state,
   and its slot is written only once, with its final state; SGLang's GDN backend does the same gather for
   strided pools, whose in-place writes its prefill kernels lose. Not supported: float32 / float64
@@ -46,6 +49,8 @@ offers it alone for a CPU run):
   it as `_forward_prefill` does. Not supported: more than one B/C group.
 Pool layouts match the contract: conv (slots, D, K-1); Mamba-2 (slots, H, P, N); delta rule (slots, H, V, K)
 value-major, SGLang's own layout; SGLang keeps the Mamba-1 state as (slots, Dm, 1, N), a view of ours.
+An empty batch (no tokens, no rows, or pad rows only) reaches no kernel: the adapter returns zeros and gives
+the slots of empty live prefill requests the contract's result (SGLang never launches a kernel for one).
 Every op validates with harness.ops first, so bad input fails as for our kernels.
 """
 from __future__ import annotations
@@ -108,9 +113,27 @@ def _emit(y, out):
     return out
 
 
-def _live_flags(has_initial_state, live):
+def _idle(shape, like, out):
+    """The output of a call with nothing to run (an empty batch, or pads only): zeros, in `out` if given.
+    Nothing reaches the kernels (SGLang never launches them for an empty batch)."""
+    y = out if out is not None else torch.empty(shape, dtype=like.dtype, device=like.device)
+    return y.zero_()
+
+
+def _reset_fresh(pool, slots):
+    """Slots of live requests with no tokens and no initial state: zeros, as the contract says (one with an
+    initial state keeps it, untouched)."""
+    if slots:
+        pool[torch.tensor(slots, device=pool.device)] = 0
+
+
+def _empty_prefill(x_shape, like, pool, cache_indices, has_initial_state, pad_slot_id, out):
+    """A prefill of no tokens: every live request is empty (its slot keeps its initial state, zeros without
+    one); the output is empty."""
+    idx, live = host_slots(cache_indices, pad_slot_id)
     hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
-    return hi, all(hi[i] for i in live)
+    _reset_fresh(pool, [idx[i] for i in live if not hi[i]])
+    return _idle(x_shape, like, out)
 
 
 # ---- causal conv -------------------------------------------------------------------------------------------
@@ -128,7 +151,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     _on_gpu(x, "causal_conv1d_fn")
     _conv_width(weight)
     if x.shape[0] == 0:
-        raise NotImplementedError("sglang causal_conv1d_fn: no empty batch")
+        return _empty_prefill(x.shape, x, conv_states, cache_indices, has_initial_state, pad_slot_id, out)
     fn = import_peer(_CONV).causal_conv1d_fn
     lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu().tolist()
     xs = x if x.stride(1) == 1 else x.contiguous()
@@ -143,6 +166,8 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
     _on_gpu(x, "causal_conv1d_update")
     _conv_width(weight)
+    if not host_slots(conv_state_indices, pad_slot_id)[1]:
+        return _idle(x.shape, x, out)
     upd = import_peer(_CONV).causal_conv1d_update
     y = upd(x, conv_states, weight, bias, activation, conv_state_indices=conv_state_indices.to(torch.int32),
             pad_slot_id=pad_slot_id)
@@ -158,9 +183,11 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     _on_gpu(x, "selective_state_update")
     if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         raise NotImplementedError("sglang selective_state_update: no dt_limit clamp")
-    if not dt_softplus and bool((dt if dt_bias is None else dt + dt_bias[None]).min() < 0):
+    if not dt_softplus and bool(((dt if dt_bias is None else dt + dt_bias[None]) < 0).any()):
         raise NotImplementedError("sglang selective_state_update: no clamp of negative dt to 0 "
                                   "(the contract's default dt_limit lower bound)")
+    if not host_slots(state_batch_indices, pad_slot_id)[1]:
+        return _idle(x.shape, x, out)
     ssu = import_peer(_SSU).selective_state_update
     f32 = dict(dtype=torch.float32, device=x.device)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -204,7 +231,7 @@ def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_sta
                                              pad_slot_id, out)
     _on_gpu(x, "mamba_chunk_scan_combined")
     if T == 0:
-        raise NotImplementedError("sglang mamba_chunk_scan_combined: no empty batch")
+        return _empty_prefill(x.shape, x, ssm_states, cache_indices, has_initial_state, pad_slot_id, out)
     if bool((query_start_loc.diff() == 0).any()):
         raise NotImplementedError("sglang Mamba2Metadata: prefill requests of >= 1 token only (its chunk tables "
                                   "are wrong for an empty one)")
@@ -249,51 +276,73 @@ def _in_place_ok(pool, kind):
     return tuple(pool.stride()[1:]) == (V * K, K, 1)
 
 
-def _states_for(pool, idx, live, use, in_place):
-    """(state tensor, per-sequence indices) for a delta-rule kernel: the pool itself with its slot ids (pads
-    -1), or a scratch copy with one row per sequence (zeros where not `use`) and row ids."""
+def _states_for(pool, slots, use, in_place):
+    """(state tensor, int32 index per kernel sequence) for a delta-rule kernel, given the slot of each
+    sequence (None for a pad): the pool itself with the slot ids (-1 for pads), or a scratch copy with one
+    row per sequence (zeros where not `use`) and the row ids (-1 for pads)."""
     dev = pool.device
-    n = len(idx)
     if in_place:
-        return pool, torch.tensor([idx[i] if i in live else -1 for i in range(n)], dtype=torch.int32, device=dev)
-    scratch = torch.zeros((n,) + tuple(pool.shape[1:]), dtype=pool.dtype, device=dev)
-    rows = [i for i in live if use[i]]
+        return pool, torch.tensor([-1 if s is None else s for s in slots], dtype=torch.int32, device=dev)
+    scratch = torch.zeros((len(slots),) + tuple(pool.shape[1:]), dtype=pool.dtype, device=dev)
+    rows = [r for r, s in enumerate(slots) if s is not None and use[r]]
     if rows:
-        scratch[torch.tensor(rows, device=dev)] = pool[torch.tensor([idx[i] for i in rows], device=dev)]
-    return scratch, torch.tensor([i if i in live else -1 for i in range(n)], dtype=torch.int32, device=dev)
+        scratch[torch.tensor(rows, device=dev)] = pool[torch.tensor([slots[r] for r in rows], device=dev)]
+    return scratch, torch.tensor([-1 if s is None else r for r, s in enumerate(slots)], dtype=torch.int32,
+                                 device=dev)
 
 
-def _write_back(pool, states, idx, live):
-    if states is pool or not live:
+def _write_back(pool, states, slots):
+    """pool[slot] = the final state of each non-pad sequence (nothing when the kernel ran on the pool)."""
+    rows = [r for r, s in enumerate(slots) if s is not None]
+    if states is pool or not rows:
         return
     dev = pool.device
-    pool[torch.tensor([idx[i] for i in live], device=dev)] = states[torch.tensor(live, device=dev)]
+    pool[torch.tensor([slots[r] for r in rows], device=dev)] = states[torch.tensor(rows, device=dev)]
 
 
 def _delta_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
                   use_qk_l2norm, pad_slot_id, out):
+    """Runs the live non-empty sequences only: SGLang schedules no empty prefill, and its chunk kernels
+    give wrong outputs and states for the other sequences of a batch that holds one (docs/findings.md).
+    An empty live sequence gets the contract's result here (its slot keeps its initial state, zeros without
+    one); pads are left out (their outputs are zero, their slots untouched)."""
     idx, live = host_slots(cache_indices, pad_slot_id)
-    hi, all_init = _live_flags(has_initial_state, live)
+    hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
+    qsl = [int(t) for t in query_start_loc.detach().cpu().tolist()]
     T, Hv, V = v.shape
-    if T == 0:
-        y = out if out is not None else torch.empty((0, Hv, V), dtype=v.dtype, device=v.device)
-        fresh = [idx[i] for i in live if not hi[i]]
-        if fresh:
-            ssm_states[torch.tensor(fresh, device=v.device)] = 0
-        return y
-    in_place = all_init and _in_place_ok(ssm_states, kind)
-    states, sidx = _states_for(ssm_states, idx, live, hi, in_place)
-    cu = query_start_loc.to(torch.int64)
+    run = [i for i in live if qsl[i + 1] > qsl[i]]
+    fresh = [idx[i] for i in live if qsl[i + 1] == qsl[i] and not hi[i]]
+    if not run:
+        _reset_fresh(ssm_states, fresh)
+        return _idle((T, Hv, V), v, out)
+    dev = v.device
+    if len(run) == len(qsl) - 1:  # every sequence live and non-empty: the packed batch as it is
+        tok = None
+        qq, kk, vv, gg, bb = q, k, v, g, beta
+        cu = query_start_loc.to(torch.int64)
+    else:
+        tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], device=dev) for i in run])
+        qq, kk, vv, gg, bb = q[tok], k[tok], v[tok], g[tok], beta[tok]
+        cu = torch.tensor([0] + [qsl[i + 1] - qsl[i] for i in run], device=dev).cumsum(0)
+    slots = [idx[i] for i in run]
+    use = [hi[i] for i in run]
+    states, sidx = _states_for(ssm_states, slots, use, all(use) and _in_place_ok(ssm_states, kind))
     if kind == "gdn":
         o, _, _ = import_peer(_GDN).chunk_gated_delta_rule(
-            q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=states,
+            qq[None], kk[None], vv[None], gg[None], bb[None], scale=scale, initial_state=states,
             initial_state_indices=sidx, cu_seqlens=cu, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
-    else:
+    else:  # chunk_kda writes its output into v: it gets a copy
         o = import_peer(_KDA).chunk_kda(
-            q[None], k[None], v[None].clone(), g[None], beta[None], scale=scale, initial_state=states,
-            initial_state_indices=sidx, use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=cu)
-    _write_back(ssm_states, states, idx, live)
-    return _emit(o[0].to(v.dtype), out)
+            qq[None], kk[None], vv[None].clone() if tok is None else vv[None], gg[None], bb[None], scale=scale,
+            initial_state=states, initial_state_indices=sidx, use_qk_l2norm_in_kernel=bool(use_qk_l2norm),
+            cu_seqlens=cu)
+    _write_back(ssm_states, states, slots)
+    _reset_fresh(ssm_states, fresh)
+    if tok is None:
+        return _emit(o[0].to(v.dtype), out)
+    y = _idle((T, Hv, V), v, out)
+    y[tok] = o[0].to(y.dtype)
+    return y
 
 
 def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
@@ -329,11 +378,14 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
     if q.dtype == torch.float64:
         raise NotImplementedError("sglang fused_recurrent_gated_delta_rule_update: no float64")
     idx, live = host_slots(state_indices, pad_slot_id)
-    states, sidx = _states_for(ssm_states, idx, live, [True] * len(idx), _in_place_ok(ssm_states, "gdn"))
+    if not live:  # an empty batch, or pads only
+        return _idle(v.shape, v, out)
+    slots = [s if s != pad_slot_id else None for s in idx]
+    states, sidx = _states_for(ssm_states, slots, [True] * len(idx), _in_place_ok(ssm_states, "gdn"))
     o = import_peer(_REC).fused_recurrent_gated_delta_rule_update(
         q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], scale=scale,
         initial_state_source=states, initial_state_indices=sidx, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
-    _write_back(ssm_states, states, idx, live)
+    _write_back(ssm_states, states, slots)
     return _emit(o[:, 0].to(v.dtype), out)
 
 
@@ -345,10 +397,8 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     if q.dtype == torch.float64:
         raise NotImplementedError("sglang fused_recurrent_kda: no float64")
     idx, live = host_slots(state_indices, pad_slot_id)
-    Bsz, H, V = v.shape
-    y = out if out is not None else torch.empty((Bsz, H, V), dtype=v.dtype, device=v.device)
-    y.zero_()
-    if not live:
+    y = _idle(v.shape, v, out)  # pad rows stay zero
+    if not live:  # an empty batch, or pads only
         return y
     dev = q.device
     rows = torch.tensor(live, device=dev)

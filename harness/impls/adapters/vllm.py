@@ -43,7 +43,11 @@ The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a l
 declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves. They index the pool
 as dense slots, so a pool whose slots are not contiguous inside is declined. The chunked GDN/KDA prefill
 runs the live non-empty sequences with states gathered from and written back to the pool on the device
-(as vLLM's mixers do around these kernels), which serves slot 0 too.
+(as vLLM's mixers do around these kernels), which serves slot 0 too; an empty live request keeps its
+initial state (zeros without one). The chunk kernels must not see an empty sequence: the copy's
+prepare_chunk_indices gives every later sequence's chunks the wrong sequence (docs/findings.md).
+A decode call with no live row (an empty batch, or pads only) reaches no kernel: its output is zeros and no
+slot is touched (with B = 0 fused_recurrent_kda_fwd's stride asserts on the packed q/k/v views would fail).
 Not adapted: selective_scan_varlen (vLLM's Mamba-1 prefill is a compiled _C op).
 Under Triton's interpreter (CPU, fp32) only ssd_varlen and gated_rms_norm run; INTERPRETER_LIMITS says why
 each other op cannot (interpreter limits, not vLLM bugs), so the Impl leaves those out there.
@@ -107,6 +111,17 @@ def _emit(y, out):
     return out
 
 
+def _idle(like, out):
+    """The output of a decode call with no live row (an empty batch, or pads only): zeros, in `out` if given.
+    Nothing reaches the kernels (vLLM launches none for an empty batch; an empty one trips their asserts)."""
+    y = out if out is not None else torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return y.zero_()
+
+
+def _no_live(indices, pad_slot_id) -> bool:
+    return not host_slots(indices, pad_slot_id)[1]
+
+
 # ----------------------------------------------------------------------------------------------- conv
 
 
@@ -167,6 +182,8 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
                                               pad_slot_id, out)
     if K > 6:
         raise NotImplementedError(f"vllm causal_conv1d_update: kernel widths 2..6 only, got {K}")
+    if _no_live(conv_state_indices, pad_slot_id):
+        return _idle(x, out)
     y = out if out is not None else torch.empty_like(x)
     res = import_peer(_CONV).causal_conv1d_update(x, conv_states, weight, bias, activation,
                                                   conv_state_indices=conv_state_indices,
@@ -180,7 +197,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
 def _no_dt_clamp(dt, dt_bias, dt_softplus, dt_limit, who):
     if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         raise NotImplementedError(f"vllm {who}: no dt_limit clamp")
-    if not dt_softplus and bool((dt if dt_bias is None else dt + dt_bias).min() < 0):
+    if not dt_softplus and bool(((dt if dt_bias is None else dt + dt_bias) < 0).any()):
         raise NotImplementedError(f"vllm {who}: no clamp of negative dt to 0 (the contract's default dt_limit "
                                   "lower bound) without dt_softplus")
 
@@ -189,13 +206,16 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
                            dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
                                                dt_limit, pad_slot_id, out)
+    if layout[0] == "mamba1" and layout[4] != 1:
+        raise NotImplementedError("vllm selective_state_update (Mamba-1 layout): one group of B/C only")
+    _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
+    if _no_live(state_batch_indices, pad_slot_id):
+        return _idle(x, out)
     ssu = import_peer(_SSU).selective_state_update
     y = out if out is not None else torch.empty_like(x)
     f32 = dict(dtype=torch.float32, device=x.device)
     if layout[0] == "mamba2":
         _, Bsz, H, P, N, G = layout
-        _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit,
-                     "selective_state_update")
         db = dt_bias if dt_bias is not None else torch.zeros(H, **f32)
         Dv = D if D is not None else torch.zeros(H, **f32)
         ssu(state, x, dt[:, :, None].expand(Bsz, H, P), A[:, None, None].expand(H, P, N), B, Cm,
@@ -204,10 +224,6 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
             out=y)
     else:
         _, Bsz, Dm, N, G = layout
-        if G != 1:
-            raise NotImplementedError("vllm selective_state_update (Mamba-1 layout): one group of B/C only")
-        _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit,
-                     "selective_state_update")
         ssu(state, x, dt, A, B, Cm, D if D is not None else torch.zeros(Dm, **f32),
             dt_bias if dt_bias is not None else torch.zeros(Dm, **f32), z=z, dt_softplus=bool(dt_softplus),
             state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=y)
@@ -289,26 +305,31 @@ def _decline_slot0(indices, pad_slot_id, who):
         raise NotImplementedError(f"vllm {who}: pads must be slot ids <= 0 (its null block), got {pad_slot_id}")
 
 
-def _chunked(fn, who):
+def _chunked(fn):
     """fla-style chunked call of vLLM's copy (no state_v_first: its states are value-major already)."""
     def call(q, k, v, *, state_v_first, cu_seqlens, **kw):
-        if q.dtype == torch.float32 and who == "chunk_gated_delta_rule":
-            raise NotImplementedError("vllm chunk_gated_delta_rule: no float32 inputs (it asserts bf16/fp16)")
         return fn()(q, k, v, cu_seqlens=cu_seqlens.to(torch.int32), **kw)
     return call
 
 
+def _validate_gdn_varlen(q, *args, **kw):
+    """The contract's validation, then vLLM's dtype limit: both before the adapter writes any slot."""
+    C.validate_gated_delta_rule_varlen(q, *args, **kw)
+    if q.dtype == torch.float32:
+        raise NotImplementedError("vllm chunk_gated_delta_rule: no float32 inputs (it asserts bf16/fp16)")
+
+
 def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
                             scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _varlen(_chunked(lambda: import_peer(_GDN_CHUNK).chunk_gated_delta_rule, "chunk_gated_delta_rule"),
-                   C.validate_gated_delta_rule_varlen, q, k, v, g, beta, ssm_states, query_start_loc,
-                   cache_indices, has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
+    return _varlen(_chunked(lambda: import_peer(_GDN_CHUNK).chunk_gated_delta_rule), _validate_gdn_varlen,
+                   q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
+                   use_qk_l2norm, pad_slot_id, out)
 
 
 def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
                use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _varlen(_chunked(lambda: import_peer(_KDA_OPS).chunk_kda, "chunk_kda"), C.validate_kda_varlen, q, k, v,
-                   g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
+    return _varlen(_chunked(lambda: import_peer(_KDA_OPS).chunk_kda), C.validate_kda_varlen, q, k, v, g, beta,
+                   ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
                    pad_slot_id, out)
 
 
@@ -322,6 +343,8 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
     _check_pool(ssm_states, who)
     if scale is not None and scale <= 0:
         raise NotImplementedError(f"vllm {who}: scale > 0 only (it asserts), got {scale}")
+    if _no_live(state_indices, pad_slot_id):
+        return _idle(v, out)
     cu = torch.arange(Bsz + 1, dtype=torch.int32, device=q.device)
     o, _ = import_peer(_GDN_REC).fused_recurrent_gated_delta_rule(
         q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=ssm_states,
@@ -337,6 +360,8 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     who = "fused_recurrent_kda"
     _decline_slot0(state_indices, pad_slot_id, who)
     _check_pool(ssm_states, who)
+    if _no_live(state_indices, pad_slot_id):  # (B = 0 would also fail its stride asserts on the packed views)
+        return _idle(v, out)
     # vLLM passes q, k, v as views of one packed projection (one token stride for all three)
     qkv = torch.cat([q.reshape(Bsz, H * K), k.reshape(Bsz, H * K), v.reshape(Bsz, H * V)], dim=1)
     qv = qkv[:, :H * K].view(1, Bsz, H, K)

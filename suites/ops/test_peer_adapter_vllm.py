@@ -1,0 +1,112 @@
+"""The vLLM adapter (harness/impls/adapters/vllm.py) on batches the op suites reach only by chance: what it
+must keep from vLLM's kernels, which never see such batches in vLLM itself.
+
+* Chunked GDN / KDA prefill with empty sequences next to non-empty ones (CUDA, bf16): the kernels' chunk
+  table (`prepare_chunk_indices`, vLLM's copy of fla) gives every chunk after an empty sequence the wrong
+  sequence, so the adapter runs the live non-empty sequences only. The table itself is checked on the CPU
+  (xfail, strict: the finding in docs/findings.md).
+* Decode batches with no live row (no rows at all, or pads only) and prefills of empty sequences only: no
+  kernel runs (an empty batch fails fused_recurrent_kda_fwd's stride asserts); the output is empty or zero
+  and no slot changes, except that an empty live request without an initial state gets zeros. These reach
+  no kernel, so they run on the CPU too.
+
+Skipped where vllm is not importable (CI): `python scripts/peers_fetch.py vllm` and
+`PYTHONPATH=$PWD/.peers/src`.
+"""
+import pytest
+import torch
+
+from harness.impls.adapters import unavailable_reason
+from harness.impls.adapters import vllm as adapter
+from harness.ops import SPECS
+from harness.testing.delta_cases import EMPTY_SEQUENCE_CASES, case_id, run_empty_update, run_varlen_case
+
+_MISSING = unavailable_reason("vllm (or its extracted kernels: python scripts/peers_fetch.py vllm)",
+                              *adapter._MODULES)
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+
+
+def _cuda(device):
+    if not device.startswith("cuda"):
+        pytest.skip("needs a CUDA device (vLLM's fla-derived GDN / KDA kernels do not run in Triton's interpreter)")
+    return device
+
+
+def _case(op, device, dtype=torch.float32, **shape):
+    sp = SPECS[op]
+    base = dict(sp.shapes["contract"][0])
+    base.update(shape)
+    return sp, sp.inputs(base, dtype, device, torch.Generator().manual_seed(0))
+
+
+def _call(sp, kw):
+    return adapter.OPS[sp.name](*[kw[a] for a in sp.args], **{k: kw[k] for k in sp.options if k in kw})
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="vllm 0.33.0 third_party/flash_linear_attention prepare_chunk_indices "
+                   "numbers the sequences by their chunks: after an empty sequence (no chunk) every chunk gets the "
+                   "previous sequence; see docs/findings.md")
+@pytest.mark.parametrize("cu,want", [([0, 0, 2, 2], [[1, 0]]), ([0, 2, 2, 4], [[0, 0], [2, 0]])])
+def test_vllm_chunk_indices_skip_empty_sequences(cu, want):
+    """The (sequence, chunk) table of the chunked GDN / KDA kernels names, for each chunk, the sequence that
+    owns it (an empty sequence owns none). Pure torch: runs on the CPU."""
+    from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices
+    got = prepare_chunk_indices(torch.tensor(cu, dtype=torch.int64), 64).tolist()
+    assert got == want
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "page_major"])
+@pytest.mark.parametrize("heads", [(1, 2), (2, 4)], ids=lambda h: f"Hk{h[0]}_Hv{h[1]}")
+@pytest.mark.parametrize("case", EMPTY_SEQUENCE_CASES, ids=case_id)
+def test_gdn_varlen_with_empty_sequences(check, device, case, heads, layout):
+    """Empty sequences (live or pads) next to non-empty ones, bf16: outputs and states match the reference;
+    an empty live request keeps its initial state (zeros without one)."""
+    Hk, Hv = heads
+    run_varlen_case(check, adapter.gated_delta_rule_varlen, "vllm", "gated_delta_rule_varlen", "gdn", case,
+                    Hk=Hk, Hv=Hv, K=128, V=5, dtype=torch.bfloat16, device=_cuda(device), layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "page_major"])
+@pytest.mark.parametrize("H", [1, 2])
+@pytest.mark.parametrize("case", EMPTY_SEQUENCE_CASES, ids=case_id)
+def test_kda_varlen_with_empty_sequences(check, device, case, H, layout):
+    """The same batches through KDA's chunked prefill."""
+    run_varlen_case(check, adapter.kda_varlen, "vllm", "kda_varlen", "kda", case, Hk=H, Hv=H, K=128, V=5,
+                    dtype=torch.bfloat16, device=_cuda(device), layout=layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("slots,num_slots", [([], 0), ([], 2), ([-1, -1], 2)], ids=["B0", "B0_pool2", "pads_only"])
+@pytest.mark.parametrize("kind,op", [("gdn", "gated_delta_rule_update"), ("kda", "kda_update")])
+def test_delta_update_with_no_live_row(device, kind, op, slots, num_slots, dtype):
+    """A decode batch of no rows (the shrunk case: Hk = 1, K = 3, V = 5, fp32 pool, no l2norm, default scale)
+    or of pads only returns its (empty or zero) output and touches no slot."""
+    run_empty_update(adapter.OPS[op], op, kind, B=len(slots), slots=slots, Hk=1, K=3, V=5, dtype=dtype,
+                     device=device, num_slots=num_slots)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d_update", "selective_state_update"])
+def test_mamba_update_with_empty_batch(device, op):
+    """An empty decode batch of the conv and the Mamba state update returns an empty output, pool unchanged."""
+    sp, kw = _case(op, device, B=0)
+    before = kw[sp.pool].clone()
+    y = _call(sp, kw)
+    assert y.shape[0] == 0
+    assert torch.equal(kw[sp.pool], before)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d_varlen", "ssd_varlen", "gated_delta_rule_varlen", "kda_varlen"])
+def test_prefill_of_empty_sequences_only(device, op):
+    """A prefill batch of empty sequences only (T = 0): empty output; a live request with an initial state
+    keeps it, one without gets zeros, a pad's slot and unnamed slots are unchanged."""
+    sp, kw = _case(op, device, dtype=torch.bfloat16, T=0, S=3, fresh=1)
+    pool = kw[sp.pool]
+    kw["cache_indices"] = torch.tensor([1, -1, 3], dtype=torch.int32, device=device)
+    kw["has_initial_state"] = torch.tensor([True, True, False], device=device)
+    before = pool.clone()
+    y = _call(sp, kw)
+    assert y.shape[0] == 0
+    want = before.clone()
+    want[3] = 0
+    assert torch.equal(pool, want)
