@@ -51,7 +51,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
         raise NotImplementedError("mamba_ssm selective_state_update: no dt_limit clamp (2.3.x)")
     if pad_slot_id >= 0:
         raise NotImplementedError("mamba_ssm selective_state_update: pads must be negative slot ids")
-    if not dt_softplus and bool((dt if dt_bias is None else dt + dt_bias[None]).min() < 0):
+    if not dt_softplus and bool(((dt if dt_bias is None else dt + dt_bias[None]) < 0).any()):
         raise NotImplementedError("mamba_ssm selective_state_update: no clamp of negative dt to 0 "
                                   "(the contract's default dt_limit lower bound)")
     ssu = import_peer(_SSU).selective_state_update
