@@ -190,14 +190,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, size: int, port: int, backend: str, device: str, threads: int, out_dir: str, fn, args):
+def _worker(rank: int, size: int, port: int, backend: str, device: str, threads: int, out_dir: str, timeout: float,
+            fn, args):
+    from datetime import timedelta
     import torch.distributed as dist
     if threads:
         torch.set_num_threads(threads)
     dev = rank_device(device, rank)
     if dev.type != "cpu":
         torch.accelerator.set_device_index(dev.index)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=timeout))
     try:
         out = fn(TensorParallel(rank, size), dev, *args)
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
@@ -205,11 +208,13 @@ def _worker(rank: int, size: int, port: int, backend: str, device: str, threads:
         dist.destroy_process_group()
 
 
-def launch(fn, tp_size: int, *args, device="cpu", backend: str | None = None, threads: int | None = 1) -> list:
+def launch(fn, tp_size: int, *args, device="cpu", backend: str | None = None, threads: int | None = 1,
+           timeout: float = 300.0) -> list:
     """Run ``fn(tp, device, *args)`` on `tp_size` spawned processes, one per rank, inside one process group;
     returns each rank's return value (in rank order; values travel through ``torch.save``: tensors, lists,
     dicts, numbers, strings). `fn` must be importable (a module-level function). `threads`: intra-op
-    threads per rank (None: torch's default). A rank that raises makes this raise with its traceback."""
+    threads per rank (None: torch's default). A rank that raises makes this raise with its traceback; a
+    collective that waits longer than `timeout` seconds for another rank fails."""
     import torch.multiprocessing as mp
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         fail("tp_size", "an int >= 1", repr(tp_size))
@@ -218,7 +223,7 @@ def launch(fn, tp_size: int, *args, device="cpu", backend: str | None = None, th
         raise RuntimeError(why)
     backend = backend or default_backend(device)
     with tempfile.TemporaryDirectory(prefix="harness-tp-") as tmp:
-        mp.spawn(_worker, args=(tp_size, _free_port(), backend, str(device), threads, tmp, fn, args),
+        mp.spawn(_worker, args=(tp_size, _free_port(), backend, str(device), threads, tmp, float(timeout), fn, args),
                  nprocs=tp_size, join=True)
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(tp_size)]
 
@@ -239,15 +244,19 @@ def _engine_rank(tp: TensorParallel, device, jobs: list):
     from harness.scenarios import engine_impl
     out = []
     for model, impl, requests, runner_kwargs in jobs:
-        runner = EngineRunner(model, engine_impl(registry.get(impl)), tp=tp, device=device, **runner_kwargs)
-        out.append(plain_results(runner, runner.run(requests)))
+        try:
+            runner = EngineRunner(model, engine_impl(registry.get(impl)), tp=tp, device=device, **runner_kwargs)
+            out.append(plain_results(runner, runner.run(requests)))
+        except Exception as e:  # every rank fails alike (same model, same steps): the next job still runs
+            out.append({"error": f"{type(e).__name__}: {e}", "declined": isinstance(e, NotImplementedError)})
     return out
 
 
 def run_engines(jobs, tp_size: int, *, device="cpu", backend: str | None = None, threads: int | None = 1) -> list:
     """Run engine jobs ``(model, impl, requests, runner_kwargs)`` one after the other on ONE group of `tp_size`
     spawned ranks (``model``: ``(cfg, params)``, whole weights, cut on each rank; ``impl``: a registered
-    implementation name). Returns per job the per-rank :func:`plain_results`."""
+    implementation name). Returns per job the per-rank :func:`plain_results`, or ``{"error": message,
+    "declined": whether it was a NotImplementedError}`` for a job that raised."""
     jobs = [(m, i, list(r), dict(kw)) for m, i, r, kw in jobs]
     per_rank = launch(_engine_rank, tp_size, jobs, device=device, backend=backend, threads=threads)
     return [[per_rank[r][j] for r in range(tp_size)] for j in range(len(jobs))]
@@ -305,6 +314,9 @@ def compare_ranks(spec, single: dict, ranks: list, tol) -> list[str]:
     from harness.testing.checks import compare
     bad = []
     for rank, part in enumerate(ranks):
+        if "error" in part:
+            bad.append(f"rank {rank}: {part['error']}")
+            continue
         for rid, one in single["results"].items():
             got = part["results"].get(rid, {}).get("tokens")
             if got != one["tokens"]:
@@ -337,35 +349,38 @@ def _main(argv=None) -> int:
     devices.add_device_arg(ap)
     ap.add_argument("--tp", type=int, default=2, help="ranks (default 2; rank r uses device r)")
     ap.add_argument("--impl", action="append", default=None, help="implementation (repeatable; default torch)")
-    ap.add_argument("--dtype", default="float64", choices=("float32", "float64"),
-                    help="engine dtype (default float64: greedy tokens must then be equal exactly)")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "float64"),
+                    help="engine dtype (default auto: float64 where the implementation has it, else float32; "
+                         "greedy tokens must be equal exactly)")
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--new", type=int, default=16, help="generated tokens per request")
     a = ap.parse_args(argv)
     device = devices.resolve_or_exit(a.device, ap.prog)
     devices.prepare(device)
-    dtype = getattr(torch, a.dtype)
     why = distributed_unavailable(device, a.tp)
     if why:
         print(f"{ap.prog}: error: {why}", file=sys.stderr)
         return devices.EXIT_NO_DEVICE
     failures = 0
-    rec = torch.float64 if dtype == torch.float64 else torch.float32
-    kw = dict(num_slots=4, token_budget=24, dtype=dtype, record_states=True, cache_mode="all", block_size=8)
     for impl in a.impl or ["torch"]:
+        run = engine_impl(registry.get(impl))
+        dtype = getattr(torch, a.dtype) if a.dtype != "auto" else \
+            (torch.float64 if torch.float64 in run.dtypes else torch.float32)
+        rec = torch.float64 if dtype == torch.float64 else torch.float32
+        kw = dict(num_slots=4, token_budget=24, dtype=dtype, record_states=True, cache_mode="all", block_size=8)
         jobs, singles = [], []
-        for cfg in tp_configs(a.tp, a.d_model):
+        for cfg in tp_configs(a.tp, a.d_model).values():
             params = random_params(cfg, 0)
             g = torch.Generator().manual_seed(1)
             prompts = [torch.randint(0, cfg.vocab_size_unpadded, (n,), generator=g).tolist() for n in (1, 7, 40)]
             reqs = [Request(f"r{i}", p, a.new) for i, p in enumerate(prompts)]
-            one = EngineRunner((cfg, params), engine_impl(registry.get(impl)), device=rank_device(device, 0), **kw)
+            one = EngineRunner((cfg, params), run, device=rank_device(device, 0), **kw)
             singles.append(plain_results(one, one.run(reqs)))
             jobs.append(((cfg, params), impl, reqs, kw))
-        for cfg, single, ranks in zip(tp_configs(a.tp, a.d_model), singles,
+        for cfg, single, ranks in zip(tp_configs(a.tp, a.d_model).values(), singles,
                                       run_engines(jobs, a.tp, device=device, threads=None)):
             bad = compare_ranks(state_spec(cfg, dtype, rec, tp_size=a.tp), single, ranks, tolerance_for(dtype, 4.0))
-            name = f"{impl} {cfg.family} {families.get(cfg.family).summary(cfg)} tp={a.tp} {a.dtype} on {device}"
+            name = f"{impl} {cfg.family} {families.get(cfg.family).summary(cfg)} tp={a.tp} {dtype} on {device}"
             print(("FAIL " if bad else "ok   ") + name, flush=True)
             for line in bad[:8]:
                 print("     " + line.replace("\n", "\n     "))
@@ -373,22 +388,24 @@ def _main(argv=None) -> int:
     return 1 if failures else 0
 
 
-def tp_configs(tp_size: int, d_model: int = 16) -> list:
-    """Tiny configs of every family with whole models that `tp_size` ranks can split: Mamba-1, Falcon-Mamba,
-    and Mamba-2 with one replicated group and with `tp_size` groups split."""
+def tp_configs(tp_size: int, d_model: int = 16) -> dict:
+    """{label: tiny config} of every family with whole models whose weights `tp_size` ranks can split, one
+    per way they split (the family's ``tp_cases``; e.g. Mamba-2 with one replicated group and with
+    `tp_size` split groups). Families that refuse `tp_size` (their ``check_tp``) are left out."""
     from harness.engine import families as engine_families
     from reference import families
-    out = []
-    for name in ("mamba1", "falcon_mamba"):
-        out.append(families.get(name).tiny_config(d_model=d_model, vocab=60))
-    m2 = families.get("mamba2")
-    heads = 2 * d_model // 8
-    for g in (1, tp_size):
-        if heads % g == 0:
-            out.append(m2.build_config(d_model=d_model, n_layer=2, vocab=60, chunk_size=8, pad_vocab_size_multiple=8,
-                                       d_state=8, head_dim=8, n_groups=g))
-    for cfg in out:
-        engine_families.get(cfg.family).check_tp(cfg, tp_size)
+    out = {}
+    for name in engine_families.names():
+        if not families.get(name).whole_models:
+            continue
+        efam = engine_families.get(name)
+        cfg = families.get(name).tiny_config(d_model=d_model, vocab=60)
+        for label, c in (efam.tp_cases(cfg, tp_size) if efam.tp_cases else ((name, cfg),)):
+            try:
+                efam.check_tp(c, tp_size)
+            except ValueError:
+                continue
+            out[label] = c
     return out
 
 

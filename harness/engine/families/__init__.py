@@ -45,7 +45,9 @@ class EngineFamily:
     (name relative to ``layers.{i}.mixer.``) as ``(dim, ((length, sharded), ...))`` (``dim`` None:
     replicated), or None for a name the family does not have. ``attention(cfg, params, ops, dtype=,
     device=)`` builds a full-attention layer (params relative to ``layers.{i}.attn.``) whose
-    ``forward(h, md, kv_pool, layer) -> out`` runs a mixed step."""
+    ``forward(h, md, kv_pool, layer) -> out`` runs a mixed step. ``tp_cases(cfg, tp_size)`` gives variants of a
+    config, ``((label, cfg), ...)``, one per way the family's weights split over `tp_size` ranks (the
+    tensor-parallel conformance cases; None: the config itself)."""
     name: str
     mixer: type
     ops: tuple
@@ -53,6 +55,7 @@ class EngineFamily:
     shard_sections: Callable
     attention: type | None = None
     norm_offset: float = 0.0
+    tp_cases: Callable | None = None
 
 
 def register(family: EngineFamily) -> EngineFamily:

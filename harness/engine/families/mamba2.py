@@ -114,4 +114,12 @@ def shard_sections(cfg, p: str):
     return None
 
 
-register(EngineFamily("mamba2", Mamba2Mixer, OPS, check_tp, shard_sections))
+def tp_cases(cfg, tp_size: int):
+    """`cfg` with one group (replicated on every rank) and with `tp_size` groups (split), where the heads
+    allow them."""
+    from dataclasses import replace
+    return tuple((f"{cfg.family}-g{g}", replace(cfg, mixer=replace(cfg.mixer, n_groups=g)))
+                 for g in dict.fromkeys((1, tp_size)) if cfg.num_heads % g == 0)
+
+
+register(EngineFamily("mamba2", Mamba2Mixer, OPS, check_tp, shard_sections, tp_cases=tp_cases))
