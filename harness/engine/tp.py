@@ -22,7 +22,6 @@ whole models at TP = tp and TP = 1 and compares greedy tokens and state slices (
 """
 from __future__ import annotations
 
-import os
 import socket
 import tempfile
 from pathlib import Path
