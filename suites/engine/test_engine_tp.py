@@ -113,7 +113,8 @@ def test_engine_tp2_equals_tp1(case, impl, device, check):
         for what, actual, expected in pairs:
             check.close(f"{case}: {what}, rank {rank} of {TP} vs the slice of TP = 1", actual, expected,
                         op="engine_tp", impl=run.name, dtype=dtype, tol=tolerance_for(dtype),
-                        shapes={"states": [actual.numel()]}, context=f"{cfg.family} {families.get(cfg.family).summary(cfg)}")
+                        shapes={"states": [actual.numel()]},
+                        context=f"{cfg.family} {families.get(cfg.family).summary(cfg)}")
 
 
 # ------------------------------------------------------------------------------------------ no group needed
