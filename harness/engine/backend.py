@@ -24,6 +24,11 @@ The caller must unpack exactly three values.
 Weights come from a reference mixer's params dict (names relative to ``layers.{i}.mixer.``, as in
 ``reference.loader.mixer_parameter_shapes``) and are cast to the backend's dtype; A = -exp(A_log),
 D, dt_bias stay in float32 (float64 when the backend runs in float64).
+
+Tensor parallelism (``tp``, a ``harness.engine.tp.TensorParallel`` of size > 1): the layer's parameters may
+come whole (this rank's shard is cut here) or already cut for the rank; the states are the rank's slices
+(``reference.cache`` specs with ``tp_size``); ``out`` is whole on every rank (the row-parallel output is
+summed over the ranks).
 """
 from __future__ import annotations
 
@@ -45,12 +50,22 @@ class MixerBackend:
       dtype: activation / weight dtype.
       device: where the weights go.
       chunk_size: the SSD chunk size passed to chunked prefill ops (default ``cfg.chunk_size``).
+      tp: a ``harness.engine.tp.TensorParallel`` (default: one rank).
     """
 
-    def __init__(self, cfg, params: dict, impl, *, dtype=torch.float32, device="cpu", chunk_size: int | None = None):
+    def __init__(self, cfg, params: dict, impl, *, dtype=torch.float32, device="cpu", chunk_size: int | None = None,
+                 tp=None):
+        from harness.engine.tp import SINGLE, TensorParallel, shard_mixer_params
         from reference.loader import mixer_parameter_shapes
         family = families.get(cfg.family, "cfg.family")
-        shapes = mixer_parameter_shapes(cfg)
+        tp = SINGLE if tp is None else tp
+        if not isinstance(tp, TensorParallel):
+            fail("tp", "None or a harness.engine.tp.TensorParallel", type(tp).__name__)
+        family.check_tp(cfg, tp.size)
+        if tp.size > 1:
+            params, shapes = shard_mixer_params(cfg, params, tp)
+        else:
+            shapes = mixer_parameter_shapes(cfg)
         missing = sorted(set(shapes) - set(params))
         if missing:
             fail("params", f"the mixer parameters {sorted(shapes)}", f"missing {missing}")
@@ -67,7 +82,10 @@ class MixerBackend:
         self.dtype = dtype
         self.device = torch.device(device)
         self.chunk_size = int(chunk_size or cfg.chunk_size or 256)
-        self.mixer = family.mixer(cfg, params, self.ops, dtype=dtype, device=self.device, chunk_size=self.chunk_size)
+        self.tp = tp
+        kw = {"tp": tp} if tp.size > 1 else {}
+        self.mixer = family.mixer(cfg, params, self.ops, dtype=dtype, device=self.device, chunk_size=self.chunk_size,
+                                  **kw)
 
     # ------------------------------------------------------------------ forward
     def forward(self, hidden: torch.Tensor, md, conv_states: torch.Tensor, ssm_states: torch.Tensor):

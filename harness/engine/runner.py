@@ -33,6 +33,14 @@ the CPU), the request's final state (the slot's state after its last fed token, 
 the tokens restored from the prefix cache at admission, its steps, and with ``record_states`` the
 state after every step keyed by absolute position.
 
+Tensor parallelism (``tp``, a ``harness.engine.tp.TensorParallel`` of size > 1, inside an initialised
+torch.distributed group; ``harness.engine.tp.launch`` starts one): every rank builds the runner with its
+rank; the mixers run on the rank's shard of the weights (whole parameters are cut on each rank) and its
+slice of every state (the pool holds the per-rank spec, so results' states and prefix-cache snapshots are
+the rank's slices); embeddings, norms and lm_head are replicated; rank 0's sampled tokens are broadcast, so
+every rank schedules the same steps. Families that cannot be split refuse ``tp`` with a ValueError naming
+``tp_size`` (the family's ``check_tp``) before anything is built.
+
 Free slots are NaN-filled at start and whenever a request finishes (``poison_free_slots``), so an op
 that reads a slot it was told not to (``has_initial_state`` False, pad rows) produces NaN.
 """
@@ -83,11 +91,11 @@ def model_parts(model):
     fail("model", "(cfg, params), an object with .cfg and .params, or a reference ReferenceLM", type(model).__name__)
 
 
-def state_spec(cfg, conv_dtype: torch.dtype, recurrent_dtype: torch.dtype):
-    """The pool spec of a model config (one layer, TP 1), as the config's family defines it."""
+def state_spec(cfg, conv_dtype: torch.dtype, recurrent_dtype: torch.dtype, tp_size: int = 1):
+    """The pool spec of a model config (one layer, one rank of `tp_size`), as the config's family defines it."""
     from reference import families
     return families.get(cfg.family, "cfg.family").state_spec(cfg, conv_dtype=conv_dtype,
-                                                             recurrent_dtype=recurrent_dtype)
+                                                             recurrent_dtype=recurrent_dtype, tp_size=tp_size)
 
 
 def random_chunk_fn(seed: int) -> Callable:
@@ -127,6 +135,7 @@ class EngineRunner:
       decode_pad_multiple: pad decode rows with pad requests up to a multiple of this.
       record_states: keep every request's state after every step (Result.states).
       poison_free_slots: NaN-fill free slots (see module doc).
+      tp: a ``harness.engine.tp.TensorParallel`` (default: one rank); see the module doc.
     """
 
     def __init__(self, model, impl, *, num_slots: int = 4, token_budget: int = 64, cache_mode: str = "none",
@@ -134,11 +143,16 @@ class EngineRunner:
                  state_dtype: torch.dtype | None = None, device="cpu", cache_capacity: int = 64,
                  layout: str = "layer_major", conv_channels_last: bool = False, max_model_len: int | None = None,
                  chunk_fn: Callable | None = None, decode_pad_multiple: int = 1, record_states: bool = False,
-                 poison_free_slots: bool = True):
+                 poison_free_slots: bool = True, tp=None):
+        from harness.engine.tp import SINGLE, TensorParallel
         from harness.impls import registry
         if isinstance(impl, str):
             impl = registry.get(impl)
         cfg, params = model_parts(model)
+        tp = SINGLE if tp is None else tp
+        if not isinstance(tp, TensorParallel):
+            fail("tp", "None or a harness.engine.tp.TensorParallel", type(tp).__name__)
+        engine_families.get(cfg.family, "cfg.family").check_tp(cfg, tp.size)
         _int_arg("num_slots", num_slots, 1)
         _int_arg("token_budget", token_budget, 1)
         _int_arg("decode_pad_multiple", decode_pad_multiple, 1)
@@ -149,6 +163,7 @@ class EngineRunner:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             fail("dtype", "a floating-point torch.dtype", repr(dtype))
         self.cfg = cfg
+        self.tp = tp
         self.impl = impl
         self.dtype = dtype
         self.device = torch.device(device)
@@ -163,7 +178,7 @@ class EngineRunner:
         self.kinds = fam.layer_kinds(cfg)
         self.layer_index = [sum(1 for k in self.kinds[:i] if k == kind) for i, kind in enumerate(self.kinds)]
         n_mixer = self.kinds.count("mixer")
-        self.spec = state_spec(cfg, dtype, rec_dtype)
+        self.spec = state_spec(cfg, dtype, rec_dtype, tp.size)
         if "attention" in self.kinds:
             self.pool = HybridPool(self.spec, n_mixer, num_slots, kv_spec=fam.kv_spec(cfg, dtype),
                                    num_attention_layers=self.kinds.count("attention"), page_size=block_size,
@@ -192,7 +207,8 @@ class EngineRunner:
             sub = lambda pre: {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}  # noqa: E731
             if self.kinds[i] == "mixer":
                 self.backends.append(backend_mod.make_backend(cfg, sub(f"layers.{i}.mixer."), impl, dtype=dtype,
-                                                              device=self.device, chunk_size=self.chunk_size))
+                                                              device=self.device, chunk_size=self.chunk_size,
+                                                              **({"tp": tp} if tp.size > 1 else {})))
             else:
                 self.backends.append(efam.attention(cfg, sub(f"layers.{i}.attn."), impl.ops, dtype=dtype,
                                                     device=self.device))
@@ -329,7 +345,10 @@ class EngineRunner:
         if rows:
             h = self._rms(residual[rows], self.norm_f)
             logits = (h @ self.lm_head.t()).to(torch.float64).cpu()
-            choice = logits[:, : self.cfg.vocab_size_unpadded].argmax(-1).tolist()
+            choice = logits[:, : self.cfg.vocab_size_unpadded].argmax(-1)
+            if self.tp.size > 1:  # rank 0 decides: the ranks' logits may differ in the last bits
+                choice = self.tp.broadcast(choice.to(self.device)).cpu()
+            choice = choice.tolist()
             for e, lg, c in zip([e for e in entries if e.sample], logits, choice):
                 sampled[e.request_id] = int(c)
                 results[e.request_id].step_logits.append(lg)

@@ -7,7 +7,9 @@ Every module of this package (not starting with ``_``) is imported on the first 
   contract only (``EngineMixer`` subclass; ``harness.engine.backend.MixerBackend`` builds and calls it);
 * ``ops``: the op names that mixer calls (prefill and decode); :func:`required_ops` adds the runner's
   own (``RUNNER_OPS``), and a scenario of the family asks an implementation for exactly these;
-* tensor-parallel facts the fast loader needs (``check_tp``, ``shard_sections``);
+* tensor-parallel facts (``check_tp``, ``shard_sections``) the fast loader and ``harness.engine.tp`` cut the
+  weights by; the mixer itself runs on its rank's shard (``self.tp``; per-rank sizes from :meth:`EngineMixer.local`,
+  row-parallel outputs summed over the ranks by :meth:`EngineMixer.out_proj`);
 * for hybrid models: ``attention``, the class that runs one full-attention layer of the family over a mixed
   step (its projections around ``harness.engine.attention.paged_attention``), and ``norm_offset`` (the block
   and final RMSNorms scale by norm_offset + weight).
@@ -43,7 +45,9 @@ class EngineFamily:
     (name relative to ``layers.{i}.mixer.``) as ``(dim, ((length, sharded), ...))`` (``dim`` None:
     replicated), or None for a name the family does not have. ``attention(cfg, params, ops, dtype=,
     device=)`` builds a full-attention layer (params relative to ``layers.{i}.attn.``) whose
-    ``forward(h, md, kv_pool, layer) -> out`` runs a mixed step."""
+    ``forward(h, md, kv_pool, layer) -> out`` runs a mixed step. ``tp_cases(cfg, tp_size)`` gives variants of a
+    config, ``((label, cfg), ...)``, one per way the family's weights split over `tp_size` ranks (the
+    tensor-parallel conformance cases; None: the config itself)."""
     name: str
     mixer: type
     ops: tuple
@@ -51,6 +55,7 @@ class EngineFamily:
     shard_sections: Callable
     attention: type | None = None
     norm_offset: float = 0.0
+    tp_cases: Callable | None = None
 
 
 def register(family: EngineFamily) -> EngineFamily:
@@ -87,9 +92,15 @@ class EngineMixer:
     biases in float32, float64 when the engine runs in float64), and the conv step over a mixed batch.
 
     Subclasses define ``forward(h, md, conv_states, ssm_states) -> out (T, d_model)``: prefill tokens first
-    (``md.num_prefill_tokens``), then decode rows; states are the pool views, updated in place."""
+    (``md.num_prefill_tokens``), then decode rows; states are the pool views, updated in place.
 
-    def __init__(self, cfg, params: dict, ops: dict, *, dtype: torch.dtype, device: torch.device, chunk_size: int):
+    Under tensor parallelism (``tp``: a ``harness.engine.tp.TensorParallel``) `params` are this rank's
+    shards (cut as the family's ``shard_sections`` says) and the state views this rank's slices."""
+
+    def __init__(self, cfg, params: dict, ops: dict, *, dtype: torch.dtype, device: torch.device, chunk_size: int,
+                 tp=None):
+        from harness.engine.tp import SINGLE
+        self.tp = tp or SINGLE
         self.cfg = cfg
         self.ops = ops
         self.dtype = dtype
@@ -101,6 +112,16 @@ class EngineMixer:
         self.out_w, self.out_b = self.weight("out_proj.weight"), self.weight("out_proj.bias")
         self.conv_w = self.conv_weight()
         self.conv_b = self.weight("conv1d.bias")
+
+    def local(self, n: int) -> int:
+        """This rank's share of `n` channels / heads / groups split over the ranks."""
+        return n // self.tp.size
+
+    def out_proj(self, y: torch.Tensor) -> torch.Tensor:
+        """The row-parallel output projection: this rank's partial product, summed over the ranks, then
+        the (replicated) bias."""
+        out = self.tp.all_reduce(y.to(self.dtype) @ self.out_w.t())
+        return out + self.out_b if self.out_b is not None else out
 
     def conv_weight(self) -> torch.Tensor:
         """The depthwise conv weight (conv_dim, K) (a family whose checkpoints split it overrides this)."""

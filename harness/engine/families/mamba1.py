@@ -9,8 +9,8 @@ Falcon-Mamba B/C/dt norms   ``gated_rms_norm`` (weight = ones, z = None, eps = `
 ==========================  ===================================  =================================
 
 Tensor parallelism (as vLLM's MambaMixer; d_inner = Di sharded): in_proj dim 0 [x: Di, z: Di];
-conv1d, dt_proj, A_log, D dim 0 [Di]; x_proj and out_proj dim 1 [Di] (row parallel); out_proj.bias
-replicated. Written independently of the reference mixer (``reference/families/mamba1.py``): the oracle
+conv1d, dt_proj, A_log, D dim 0 [Di]; x_proj and out_proj dim 1 [Di] (row parallel: their partial
+products are summed over the ranks); out_proj.bias replicated. Written independently of the reference mixer (``reference/families/mamba1.py``): the oracle
 shares no code with what it checks.
 """
 from __future__ import annotations
@@ -38,12 +38,12 @@ class Mamba1Mixer(EngineMixer):
 
     def forward(self, h, md, conv_states, ssm_states):
         cfg = self.cfg
-        Dm, N, R = cfg.d_inner, cfg.d_state, cfg.dt_rank
+        Dm, N, R = self.local(cfg.d_inner), cfg.d_state, cfg.dt_rank
         P = md.num_prefill_tokens
         xz = linear(h, self.in_w, self.in_b)
         x, z = xz[:, :Dm].contiguous(), xz[:, Dm:].contiguous()
         x = self.conv(x, md, conv_states)
-        x_dbl = x @ self.x_proj.t()
+        x_dbl = self.tp.all_reduce(x @ self.x_proj.t())  # row parallel
         dt_low, B, C = self.norm_ssm_inputs(*torch.split(x_dbl, [R, N, N], dim=-1))
         dt = (dt_low @ self.dt_proj.t()).contiguous()
         B = B.unsqueeze(1).contiguous()
@@ -59,7 +59,7 @@ class Mamba1Mixer(EngineMixer):
                 ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, z[P:], self.dt_bias,
                 md.decode_state_indices, dt_softplus=True))
         y = ys[0] if len(ys) == 1 else torch.cat(ys)
-        return linear(y.to(self.dtype), self.out_w, self.out_b)
+        return self.out_proj(y)
 
 
 class FalconMambaMixer(Mamba1Mixer):

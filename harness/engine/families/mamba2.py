@@ -10,8 +10,10 @@ gated norm                  ``gated_rms_norm`` (group_size = d_inner / n_groups,
 
 Tensor parallelism (as vLLM's MambaMixer2; heads H, groups G; G % T == 0 shards groups, G == 1
 replicates B/C on every rank): in_proj dim 0 [z: Di, x: Di, B: G*N, C: G*N, dt: H]; conv1d dim 0
-[x: Di, B: G*N, C: G*N]; dt_bias, A_log, D dim 0 [H]; norm.weight dim 0 [Di] (with G == 1 and T > 1
-the gated norm's variance spans ranks: the engine must all-reduce it); out_proj dim 1 [Di].
+[x: Di, B: G*N, C: G*N]; dt_bias, A_log, D dim 0 [H]; norm.weight dim 0 [Di]; out_proj dim 1 [Di] (row
+parallel). With G == 1 and T > 1 the gated norm's one group spans the ranks: its sum of squares is summed
+over the ranks (in torch, as vLLM's Mixer2RMSNormGated does under TP); otherwise every group lies on one
+rank and ``gated_rms_norm`` runs per rank.
 Written independently of the reference mixer (``reference/families/mamba2.py``): the oracle shares no
 code with what it checks.
 """
@@ -31,14 +33,18 @@ class Mamba2Mixer(EngineMixer):
         self.D = self.state_param("D")
         self.dt_bias = self.state_param("dt_bias")
         self.norm_w = self.weight("norm.weight")
+        cfg = self.cfg
+        # per-rank sizes: heads and channels split; groups split, or the one group replicated
+        self.d_inner, self.num_heads = self.local(cfg.d_inner), self.local(cfg.num_heads)
+        self.n_groups = 1 if cfg.n_groups == 1 else self.local(cfg.n_groups)
 
     def forward(self, h, md, conv_states, ssm_states):
         cfg = self.cfg
-        Di, G, N, H, Pd = cfg.d_inner, cfg.n_groups, cfg.d_state, cfg.num_heads, cfg.head_dim
+        Di, G, N, H, Pd = self.d_inner, self.n_groups, cfg.d_state, self.num_heads, cfg.head_dim
         T = h.shape[0]
         P = md.num_prefill_tokens
         zxbcdt = linear(h, self.in_w, self.in_b)
-        z, xBC, dt = torch.split(zxbcdt, [Di, cfg.conv_dim, H], dim=-1)
+        z, xBC, dt = torch.split(zxbcdt, [Di, Di + 2 * G * N, H], dim=-1)
         z, dt = z.contiguous(), dt.contiguous()
         xBC = self.conv(xBC.contiguous(), md, conv_states)
         x, B, C = torch.split(xBC, [Di, G * N, G * N], dim=-1)
@@ -57,10 +63,28 @@ class Mamba2Mixer(EngineMixer):
                 ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, None, self.dt_bias,
                 md.decode_state_indices, dt_softplus=True, dt_limit=lim))
         y = ys[0] if len(ys) == 1 else torch.cat(ys)
-        y = self.ops["gated_rms_norm"](y.reshape(T, Di).to(self.dtype).contiguous(), self.norm_w, z,
-                                       eps=float(cfg.mixer_norm_eps), group_size=Di // G,
-                                       norm_before_gate=bool(cfg.norm_before_gate))
-        return linear(y.to(self.dtype), self.out_w, self.out_b)
+        y = y.reshape(T, Di).to(self.dtype).contiguous()
+        if self.tp.size > 1 and cfg.n_groups == 1:
+            y = self.gated_norm_across_ranks(y, z)
+        else:
+            y = self.ops["gated_rms_norm"](y, self.norm_w, z, eps=float(cfg.mixer_norm_eps), group_size=Di // G,
+                                           norm_before_gate=bool(cfg.norm_before_gate))
+        return self.out_proj(y)
+
+    def gated_norm_across_ranks(self, y, z):
+        """The gated RMSNorm of one group split over the ranks: each rank's sum of squares (in float32,
+        float64 for a float64 engine) summed over the ranks, divided by the whole d_inner."""
+        cfg = self.cfg
+        ct = self._pdt
+        y, z = y.to(ct), z.to(ct)
+        gate = z * torch.sigmoid(z)
+        if not cfg.norm_before_gate:
+            y = y * gate
+        ss = self.tp.all_reduce(y.square().sum(-1, keepdim=True))
+        out = y * torch.rsqrt(ss / cfg.d_inner + float(cfg.mixer_norm_eps)) * self.norm_w.to(ct)
+        if cfg.norm_before_gate:
+            out = out * gate
+        return out.to(self.dtype)
 
 
 def check_tp(cfg, tp_size: int) -> None:
@@ -90,4 +114,12 @@ def shard_sections(cfg, p: str):
     return None
 
 
-register(EngineFamily("mamba2", Mamba2Mixer, OPS, check_tp, shard_sections))
+def tp_cases(cfg, tp_size: int):
+    """`cfg` with one group (replicated on every rank) and with `tp_size` groups (split), where the heads
+    allow them."""
+    from dataclasses import replace
+    return tuple((f"{cfg.family}-g{g}", replace(cfg, mixer=replace(cfg.mixer, n_groups=g)))
+                 for g in dict.fromkeys((1, tp_size)) if cfg.num_heads % g == 0)
+
+
+register(EngineFamily("mamba2", Mamba2Mixer, OPS, check_tp, shard_sections, tp_cases=tp_cases))
