@@ -38,6 +38,8 @@ from harness.engine import backend as backend_mod
 from harness.engine import metadata as metadata_mod
 from harness.engine.families import mamba1 as falcon_engine
 from harness.impls.registry import Impl
+from harness.engine import families as engine_families
+from harness.scenarios import FAMILIES as SCENARIO_FAMILIES
 from harness.scenarios import PROPERTIES, RunnerFactory, Scenario, scenarios
 
 # ============================================================================ patch helpers
@@ -297,9 +299,10 @@ def _grid(base: Impl, bug: bool) -> Impl:
     return with_ops(base, f"{base.name}+grid_ssd" + ("[cumsum at chunk start]" if bug else ""), ssd_varlen=fn)
 
 
-DELTA = dict(families=("gdn", "kda"))
 DELTA_VARLEN = ("gated_delta_rule_varlen", "kda_varlen")
 DELTA_UPDATE = ("gated_delta_rule_update", "kda_update")
+# the scenario families whose engine mixers call a delta-rule op (from the registry, not by name)
+DELTA = dict(families=tuple(f for f in SCENARIO_FAMILIES if set(engine_families.required_ops(f)) & set(DELTA_VARLEN)))
 
 
 def _key_major(pool: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ FAMILY_DIRS = ("reference/families/", "harness/engine/families/")
 # spec kinds of reference/cache.py: literals there are not model families. Comparisons that involve a
 # `family` value are refused everywhere all the same.
 LAYOUT_TAG_FILES = ("harness/ops/", "harness/impls/", "harness/bench/", "reference/cache.py",
-                    "reference/delta_rule.py")
+                    "reference/delta_rule.py", "harness/testing/delta_cases.py")
 
 
 def _mentions_family(node) -> bool:

@@ -103,7 +103,7 @@ def test_peer_native_backends_are_declared():
 
 def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device):
     """`harness bench sweep` times the starting configuration and the candidates at the op's shapes for the
-    session's device (the CPU's under the interpreter),
+    device of the pytest run (the CPU's under the interpreter),
     records each, writes the module's configuration file for the device folder, and leaves the module's
     configuration in this process as it found it."""
     from harness.impls.triton import selective_state_update as ssu
