@@ -130,10 +130,10 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         # the chunk length (fewer, larger steps along the sequence; the per-chunk stage's T solve and pairwise
         # terms grow with it, and its fast path covers weaker decays only: half a chunk within fast_thr)
         SweepGroup("chunk", "kda_chunk", _rows(("bt", "bv", "scan_warps", "scan_stages", "prep_warps"), [
-            (32, 32, 4, 2, 4), (32, 64, 4, 2, 4), (32, 32, 8, 2, 4), (64, 32, 4, 2, 8), (64, 64, 4, 2, 8),
-            (64, 32, 8, 1, 8), (64, 64, 8, 2, 4)])),
+            (16, 32, 4, 2, 4), (32, 32, 4, 2, 4), (32, 64, 4, 2, 4), (32, 32, 4, 2, 8), (64, 64, 4, 2, 8),
+            (64, 32, 8, 2, 8), (64, 32, 4, 3, 8), (64, 16, 4, 2, 8), (64, 32, 4, 2, 4)])),
         # the per-chunk stage: warps, value channels per step of u / Qk u
-        SweepGroup("prep", "kda_chunk", _grid(prep_warps=(4, 2, 8), prep_bv=(64, 32, 128))),
+        SweepGroup("prep", "kda_chunk", _grid(prep_warps=(8, 4, 16), prep_bv=(64, 32, 128))),
     ],
 }
 

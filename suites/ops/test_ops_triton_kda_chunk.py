@@ -151,11 +151,14 @@ DECAYS = ["weak", "typical", "strong5", "strong30", "growth", "mixed"]
 
 @pytest.mark.parametrize("decay", DECAYS)
 def test_decay_regimes_match_reference(device, check, decay):
-    """Weak, typical, strong (-5 per token: fast path; down to -30: exact path), growing and mixed-sign
-    decays match the oracle on several sequences, every dtype of the device."""
-    _module(device)
-    for dtype in _dtypes(device):
-        _run(check, device, dtype, [5, 20, 11], decay=decay, seed=DECAYS.index(decay))
+    """Weak, typical, strong (-5 per token: fast path; down to -30: exact path, in 16-token chunks), growing
+    and mixed-sign decays match the oracle on several sequences, every dtype of the device, with 16-token
+    chunks (the paths as intended) and the configured chunk length."""
+    kc = _module(device)
+    for bt in sorted({16, int(kc.CONFIG["bt"])}):
+        with mock.patch.dict(kc.CONFIG, {"bt": bt}):
+            for dtype in _dtypes(device):
+                _run(check, device, dtype, [5, 20, 11], decay=decay, seed=DECAYS.index(decay))
 
 
 def _spread_log2(g, BT):
@@ -172,10 +175,11 @@ def _spread_log2(g, BT):
 
 
 def test_strong_decay_regimes_take_the_intended_path(device):
-    """The regimes above reach the path they are meant for with the default launch configuration: g ~ -5
-    per token keeps every chunk's split within fast_thr, g down to -30 sends every chunk to the exact path."""
+    """The regimes above reach the path they are meant for in 16-token chunks with the configured fast_thr:
+    g ~ -5 per token keeps every chunk's split within fast_thr, g down to -30 sends every chunk to the exact
+    path."""
     kc = _module(device)
-    BT, thr = int(kc.CONFIG["bt"]), float(kc.CONFIG["fast_thr"])
+    BT, thr = 16, float(kc.CONFIG["fast_thr"])
     g5 = _decays("strong5", gen(1), (64, 8), "cpu")
     g30 = _decays("strong30", gen(1), (64, 8), "cpu")
     assert max(_spread_log2(g5, BT)) <= thr, _spread_log2(g5, BT)
@@ -206,6 +210,7 @@ def test_fast_and_exact_chunks_in_one_sequence(device, check):
 # ------------------------------------------------------------------------------------------------ launch variants
 
 VARIANTS = {
+    "bt16": {"bt": 16},
     "bt32": {"bt": 32},
     "bt64": {"bt": 64, "bv": 64},
     "bv16": {"bv": 16, "scan_stages": 1},
@@ -215,7 +220,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("over", list(VARIANTS.values()), ids=list(VARIANTS))
 def test_launch_variants(device, check, over):
-    """The chunk lengths 32 (two chunks and a short one in 70 tokens) and 64, value blocks of 16 over V = 20
+    """The chunk lengths 16, 32 (two chunks and a short one in 70 tokens) and 64, value blocks of 16 over V = 20
     (a partial second block) in the scan and in the per-chunk stage's steps over V, and one block covering V
     match the oracle, as every sweep candidate must."""
     kc = _module(device)

@@ -22,8 +22,9 @@ and S the key-major (K, V) state before the chunk (the pool holds it value-major
    exp(G_i - G_m) exp(G_m - G_j), each factor below 2**FAST_THR, and Qk / A come from two tensor-core dots;
    otherwise (|g| above ~8 per token on average over half of a 16-token chunk, either sign) the chunk takes
    the exact path: every pair's exponent formed and masked before the exponential, as the float64
-   reference does. T comes from recursive block inversion (blocks of 1, 2, 4, ... BT/2:
-   T21 = -T22 A21 T11 for all blocks of a level at once, two dots per level, in fp32 "ieee").
+   reference does. T comes from the Gated DeltaNet prefill's solve (`delta_rule_chunk._unit_lower_inverse`):
+   forward substitution inside the 16-row diagonal blocks (fp32 elementwise, exact), then a product series
+   over the blocks below them (2 log2(BT / 16) dots).
 2. `_kda_scan_kernel`, one program per (sequence, head, block of BV value channels), walking the sequence's
    chunks in order with its (K, BV) state tile in registers (fp32; fp64 for fp64 inputs): per chunk the two
    products with the state, v' = u - w S and o = ou + q' S, and the update
@@ -47,7 +48,7 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2
-from harness.impls.triton.delta_rule_chunk import _locate
+from harness.impls.triton.delta_rule_chunk import _locate, _unit_lower_inverse
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size
 from harness.ops import PAD_SLOT_ID
 
@@ -57,28 +58,13 @@ __all__ = ["kda_varlen", "CONFIG"]
 # of the per-chunk stage's u / Qk u, prep_warps / scan_warps / scan_stages: the launches' num_warps and the
 # scan's load pipelining, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0:
 # always the exact path). The device's values in configs/<device>/kda_chunk.json.
-CONFIG = launch_config("kda_chunk", {"bt": 16, "bv": 32, "prep_bv": 64, "prep_warps": 4, "scan_warps": 4,
+CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_warps": 8, "scan_warps": 4,
                                      "scan_stages": 2, "fast_thr": 96.0})
 
 
 @triton.jit
 def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr, CD: tl.constexpr):
     return tl.dot(a.to(DOT), b.to(DOT), input_precision=PREC, out_dtype=CD)
-
-
-@triton.jit
-def _unit_lower_inverse(A, rows, BT: tl.constexpr, LOG2BT: tl.constexpr, CD: tl.constexpr):
-    """(I + A)^-1 for A (BT, BT) strictly lower triangular, by recursive block inversion: with the
-    inverses of the diagonal blocks of size s in T (block diagonal), each pair of blocks of a 2s-block gets
-    its lower off-diagonal block T21 = -T22 A21 T11 (all at once: T A_off T with A_off the masked A)."""
-    T = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(CD)
-    for lvl in tl.static_range(LOG2BT):
-        ri = rows[:, None] >> lvl
-        cj = rows[None, :] >> lvl
-        off = (ri == cj + 1) & ((ri >> 1) == (cj >> 1))
-        a_off = tl.where(off, A, 0.0)
-        T = T - _dot(_dot(T, a_off, CD, "ieee", CD), T, CD, "ieee", CD)
-    return T
 
 
 @triton.jit
@@ -100,7 +86,7 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
                      S, K, V, scale,
                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1, s_qsl,
                      sw0, sw1, su0, su1, sdl0, sdl1,
-                     BT: tl.constexpr, LOG2BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     BT: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      BLOCK_S: tl.constexpr, CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
                      TDOT: tl.constexpr, TPREC: tl.constexpr, L2NORM: tl.constexpr, SCALE_T: tl.constexpr,
                      FAST_THR: tl.constexpr):
@@ -161,7 +147,7 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
             kg = kv * tl.exp2(g_last[None, :] - G)
         qk = tl.where(rows[:, None] >= rows[None, :], qk, 0.0)
         A = tl.where(rows[:, None] > rows[None, :], kk * bt[:, None], 0.0)
-        Tm = _unit_lower_inverse(A, rows, BT, LOG2BT, CD)
+        Tm = _unit_lower_inverse(A, rows, n, BT, SUB, LOG2NB, CD, TPREC)
         w = _dot(Tm, ke * bt[:, None], TDOT, TPREC, CD)
         qp = qg - _dot(qk, w, TDOT, TPREC, CD)
         kt_off = t[:, None] * sw0 + h * sw1 + ck[None, :]
@@ -264,6 +250,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     CD = tl.float64 if cd == torch.float64 else tl.float32
     dot, prec, tdot, tprec, sdt = _dot_types(q.dtype, cd)
     bt = _block(CONFIG["bt"], "bt", (16, 32, 64))
+    sub = 16
     BK = max(16, next_power_of_2(K))
     VP = max(16, next_power_of_2(V))
     BV = min(_block(CONFIG["bv"], "bv", (16, 32, 64, 128)), VP)
@@ -288,8 +275,8 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
             S, K, V, sc,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1),
-            BT=bt, LOG2BT=bt.bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD, DOT=dot, PREC=prec,
-            TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
+            BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
+            DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
             FAST_THR=float(CONFIG["fast_thr"]), num_warps=int(CONFIG["prep_warps"]))
         _kda_scan_kernel[(S, H, cdiv(V, BV))](
             w, qp, kg, u, ou, dl, o, pool, query_start_loc, cache_indices, has_initial_state,
