@@ -20,11 +20,11 @@ and S the key-major (K, V) state before the chunk (the pool holds it value-major
    a chunk in general. When every |G - G_m| of the chunk (G_m: the cumulative decay at its middle, the chunk
    start included) stays within FAST_THR (log2 units), they are split at that reference,
    exp(G_i - G_m) exp(G_m - G_j), each factor below 2**FAST_THR, and Qk / A come from two tensor-core dots;
-   otherwise (|g| above ~8 per token on average over half of a 16-token chunk, either sign) the chunk takes
-   the exact path: every pair's exponent formed and masked before the exponential, as the float64
-   reference does. T comes from the Gated DeltaNet prefill's solve (`delta_rule_chunk._unit_lower_inverse`):
-   forward substitution inside the 16-row diagonal blocks (fp32 elementwise, exact), then a product series
-   over the blocks below them (2 log2(BT / 16) dots).
+   otherwise (|g| above ~66 / (BT / 2) per token on average over half a chunk, either sign: ~8 in 16-token
+   chunks, ~2 in 64-token ones) the chunk takes the exact path: every pair's exponent formed and masked
+   before the exponential, as the float64 reference does. T comes from the Gated DeltaNet prefill's solve
+   (`delta_rule_chunk._unit_lower_inverse`): forward substitution inside the 16-row diagonal blocks (fp32
+   elementwise, exact), then a product series over the blocks below them (2 log2(BT / 16) dots).
 2. `_kda_scan_kernel`, one program per (sequence, head, block of BV value channels), walking the sequence's
    chunks in order with its (K, BV) state tile in registers (fp32; fp64 for fp64 inputs): per chunk the two
    products with the state, v' = u - w S and o = ou + q' S, and the update
