@@ -124,12 +124,16 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             ("block_h", "num_warps"), [(8, 4), (16, 4), (32, 8), (4, 2)])], attr="TUNING"),
     ],
     "kda_varlen": [
-        # value channels per program (programs = sequences x heads x V / bv: 128 at batch 1, H 32, V 128 with bv 32),
-        # warps and load pipelining of the fused chunk loop
-        SweepGroup("tile", "kda_chunk", _grid(bv=(32, 16, 64), warps=(8, 4), stages=(2, 1, 3))),
-        # the chunk length (the T solve and the pairwise terms grow with it; fewer steps along the sequence)
-        SweepGroup("chunk", "kda_chunk", _rows(("bt", "bv", "warps", "stages"), [
-            (32, 32, 8, 2), (32, 32, 8, 1), (32, 16, 8, 2), (32, 32, 4, 1)])),
+        # the scan: value channels per program (programs = sequences x heads x V / bv: 128 at batch 1, H 32,
+        # V 128 with bv 32), warps and load pipelining of the chunk loop
+        SweepGroup("scan", "kda_chunk", _grid(bv=(32, 16, 64), scan_warps=(4, 8, 2), scan_stages=(2, 1, 3))),
+        # the chunk length (fewer, larger steps along the sequence; the per-chunk stage's T solve and pairwise
+        # terms grow with it, and its fast path covers weaker decays only: half a chunk within fast_thr)
+        SweepGroup("chunk", "kda_chunk", _rows(("bt", "bv", "scan_warps", "scan_stages", "prep_warps"), [
+            (16, 32, 4, 2, 4), (32, 32, 4, 2, 4), (32, 64, 4, 2, 4), (32, 32, 4, 2, 8), (64, 64, 4, 2, 8),
+            (64, 32, 8, 2, 8), (64, 32, 4, 3, 8), (64, 16, 4, 2, 8), (64, 32, 4, 2, 4)])),
+        # the per-chunk stage: warps, value channels per step of u / Qk u
+        SweepGroup("prep", "kda_chunk", _grid(prep_warps=(8, 4, 16), prep_bv=(64, 32, 128))),
     ],
 }
 

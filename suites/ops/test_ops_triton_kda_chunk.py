@@ -1,14 +1,17 @@
 """Kernel suite: the Triton chunked KDA prefill (harness/impls/triton/kda_chunk.py, op `kda_varlen`) on the
-edges of its chunk grid and of its two intra-chunk paths, against the float64 oracle.
+edges of its chunk grid, of its two stages and of the per-chunk stage's two intra-chunk paths, against the
+float64 oracle.
 
 Chunks restart at every sequence start: sequences that start mid-chunk of the packed stream, a last chunk
 that is not full, exactly one chunk, one token past it, many chunks, empty sequences (with and without an
-initial state) and pads. The pairwise decays exp(G_i - G_j) are split at the chunk's middle when that is
-safe (the fast path) and formed pair by pair otherwise (the exact path): weak, typical and strong decays
-(g ~ -5 per token and channel on the fast path, g down to -30 on the exact path), growth (g > 0) and mixed
-signs each match the oracle, the exact path is also forced on ordinary inputs, and the other chunk length
-and value blocks the launch configuration offers are exercised. Runs on the device under test (CPU through
-the Triton interpreter, fp32 / fp64 there; fp32 and bf16 on a GPU).
+initial state) and pads; the scan finds each sequence's chunks in the per-chunk stage's table (the chunk
+decays) by counting the chunks before it, which the multi-sequence cases cover. The pairwise decays
+exp(G_i - G_j) are split at the chunk's middle when that is safe (the fast path) and formed pair by pair
+otherwise (the exact path), chosen per chunk: weak, typical and strong decays (g ~ -5 per token and channel
+on the fast path, g down to -30 on the exact path), growth (g > 0) and mixed signs each match the oracle,
+a sequence whose chunks take both paths too, the exact path is also forced on ordinary inputs, and the other
+chunk lengths and value blocks the launch configuration offers are exercised. Runs on the device under test
+(CPU through the Triton interpreter, fp32 / fp64 there; fp32 and bf16 on a GPU).
 """
 import math
 from unittest import mock
@@ -57,6 +60,10 @@ def _decays(kind, g_, shape, device):
         return rand(g_, shape, torch.float32, device, 0.0, 0.3)
     if kind == "mixed":
         return rand(g_, shape, torch.float32, device, -1.0, 0.3)
+    if kind == "banded":  # typical, but tokens 16..31 as strong30: that 16-token chunk alone takes the exact path
+        g = _decays("typical", g_, shape, device)
+        g[16:32] = _decays("strong30", g_, (min(shape[0], 32) - 16,) + tuple(shape[1:]), device)
+        return g
     raise ValueError(kind)
 
 
@@ -144,11 +151,14 @@ DECAYS = ["weak", "typical", "strong5", "strong30", "growth", "mixed"]
 
 @pytest.mark.parametrize("decay", DECAYS)
 def test_decay_regimes_match_reference(device, check, decay):
-    """Weak, typical, strong (-5 per token: fast path; down to -30: exact path), growing and mixed-sign
-    decays match the oracle on several sequences, every dtype of the device."""
-    _module(device)
-    for dtype in _dtypes(device):
-        _run(check, device, dtype, [5, 20, 11], decay=decay, seed=DECAYS.index(decay))
+    """Weak, typical, strong (-5 per token: fast path; down to -30: exact path, in 16-token chunks), growing
+    and mixed-sign decays match the oracle on several sequences, every dtype of the device, with 16-token
+    chunks (the paths as intended) and the configured chunk length."""
+    kc = _module(device)
+    for bt in sorted({16, int(kc.CONFIG["bt"])}):
+        with mock.patch.dict(kc.CONFIG, {"bt": bt}):
+            for dtype in _dtypes(device):
+                _run(check, device, dtype, [5, 20, 11], decay=decay, seed=DECAYS.index(decay))
 
 
 def _spread_log2(g, BT):
@@ -165,10 +175,11 @@ def _spread_log2(g, BT):
 
 
 def test_strong_decay_regimes_take_the_intended_path(device):
-    """The regimes above reach the path they are meant for with the default launch configuration: g ~ -5
-    per token keeps every chunk's split within fast_thr, g down to -30 sends every chunk to the exact path."""
+    """The regimes above reach the path they are meant for in 16-token chunks with the configured fast_thr:
+    g ~ -5 per token keeps every chunk's split within fast_thr, g down to -30 sends every chunk to the exact
+    path."""
     kc = _module(device)
-    BT, thr = int(kc.CONFIG["bt"]), float(kc.CONFIG["fast_thr"])
+    BT, thr = 16, float(kc.CONFIG["fast_thr"])
     g5 = _decays("strong5", gen(1), (64, 8), "cpu")
     g30 = _decays("strong30", gen(1), (64, 8), "cpu")
     assert max(_spread_log2(g5, BT)) <= thr, _spread_log2(g5, BT)
@@ -184,12 +195,34 @@ def test_exact_path_forced(device, check, decay):
         _run(check, device, torch.float32, [9, 23], decay=decay, seed=3)
 
 
+def test_fast_and_exact_chunks_in_one_sequence(device, check):
+    """The path is chosen per chunk in the parallel per-chunk stage: a 45-token sequence (16-token chunks)
+    whose second chunk has decays down to -30 (exact path) between chunks of typical decays (fast path), a
+    second sequence starting mid-chunk of the packed stream behind it, matches the oracle."""
+    kc = _module(device)
+    with mock.patch.dict(kc.CONFIG, {"bt": 16}):
+        thr = float(kc.CONFIG["fast_thr"])
+        spread = _spread_log2(_decays("banded", gen(6), (45, 8), "cpu"), 16)
+        assert [s > thr for s in spread] == [False, True, False], spread
+        _run(check, device, torch.float32, [45, 7], decay="banded", seed=6)
+
+
 # ------------------------------------------------------------------------------------------------ launch variants
 
-@pytest.mark.parametrize("over", [{"bt": 32}, {"bv": 16}], ids=["bt32", "bv16"])
+VARIANTS = {
+    "bt16": {"bt": 16},
+    "bt32": {"bt": 32},
+    "bt64": {"bt": 64, "bv": 64},
+    "bv16": {"bv": 16, "scan_stages": 1},
+    "prep_bv16": {"prep_bv": 16, "bv": 64},
+}
+
+
+@pytest.mark.parametrize("over", list(VARIANTS.values()), ids=list(VARIANTS))
 def test_launch_variants(device, check, over):
-    """The chunk length 32 (two chunks and a short one in 70 tokens) and value blocks of 16 over V = 20 (a
-    partial second block) match the oracle, as every sweep candidate must."""
+    """The chunk lengths 16, 32 (two chunks and a short one in 70 tokens) and 64, value blocks of 16 over V = 20
+    (a partial second block) in the scan and in the per-chunk stage's steps over V, and one block covering V
+    match the oracle, as every sweep candidate must."""
     kc = _module(device)
     with mock.patch.dict(kc.CONFIG, over):
         _run(check, device, torch.float32, [3, 70], V=20, seed=4)

@@ -1,31 +1,43 @@
-"""Triton chunked prefill for Kimi Delta Attention (op `kda_varlen`): one fused kernel.
+"""Triton chunked prefill for Kimi Delta Attention (op `kda_varlen`): two launches.
 
-One program per (sequence, head, block of BV value channels) walks its sequence's chunks of BT tokens
-with the (K, BV) slice of the state in registers (fp32; fp64 for fp64 inputs). The chunk grid restarts at
-every sequence start; rows past the sequence's end load as zeros (q = k = v = g = beta = 0), so they
-neither decay nor write the state, and are not stored. Per chunk, with G (BT, K) the cumulative log-decay
-(inclusive, from the chunk start, in log2 units) and S the state before the chunk:
+The chunk grid is per sequence: chunk c of sequence s covers tokens [q[s] + c*BT, min(q[s] + (c+1)*BT, q[s+1])),
+so every chunk belongs to one sequence and a sequence's last chunk may be shorter. Rows of a tile past a
+chunk's end load as zeros (q = k = v = g = beta = 0), so they neither decay nor write the state, and are not
+stored. Per chunk, with G (BT, K) the cumulative log-decay (inclusive, from the chunk start, in log2 units)
+and S the key-major (K, V) state before the chunk (the pool holds it value-major):
 
     Qk_ij = sum_c q_ic k_jc exp(G_ic - G_jc)  (i >= j)      A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)  (i > j)
     T = (I + A)^-1,  w = T (beta exp(G) k),  u = T (beta v),  v' = u - w S
-    o = (q exp(G)) S + Qk v',   S <- diag(exp(G_last)) S + (k exp(G_last - G))^T v'
+    o = (q exp(G)) S + Qk v' = q' S + Qk u   with q' = q exp(G) - Qk w
+    S <- diag(exp(G_last)) S + (k exp(G_last - G))^T v'
 
-(S here is the key-major (K, BV) tile; the pool holds it value-major.) The pairwise decays exp(G_i - G_j)
-are per key channel and cannot be split into exp(G_i) exp(-G_j) over a chunk in general. When every
-|G - G_m| of the chunk (G_m: the cumulative decay at its middle, the chunk start included) stays within
-FAST_THR (log2 units), they are split at that reference, exp(G_i - G_m) exp(G_m - G_j), each factor below
-2**FAST_THR, and Qk / A come from two tensor-core dots; otherwise (|g| above ~8 per token on average over
-half of a 16-token chunk, either sign) the chunk takes the exact path: every pair's exponent formed and
-masked before the exponential, as the float64 reference does. T comes from recursive block inversion
-(blocks of 1, 2, 4, ... BT/2: T21 = -T22 A21 T11 for all blocks of a level at once, two dots per level,
-in fp32 "ieee").
+1. `_kda_prep_kernel`, one program per (chunk slot, head), all chunks in parallel: the number of chunks is
+   at most T // BT + sequences; each program finds its chunk by counting chunks over query_start_loc on
+   the device (no host sync; slots past the last chunk exit). Everything that does not depend on S is
+   formed here and stored to scratch indexed like the activations: w, q', kg = k exp(G_last - G) (T, H, K),
+   u, ou = Qk u (T, H, V), and the chunk's decay exp(G_last) (chunk slot, H, K).
+   The pairwise decays exp(G_i - G_j) are per key channel and cannot be split into exp(G_i) exp(-G_j) over
+   a chunk in general. When every |G - G_m| of the chunk (G_m: the cumulative decay at its middle, the chunk
+   start included) stays within FAST_THR (log2 units), they are split at that reference,
+   exp(G_i - G_m) exp(G_m - G_j), each factor below 2**FAST_THR, and Qk / A come from two tensor-core dots;
+   otherwise (|g| above ~66 / (BT / 2) per token on average over half a chunk, either sign: ~8 in 16-token
+   chunks, ~2 in 64-token ones) the chunk takes the exact path: every pair's exponent formed and masked
+   before the exponential, as the float64 reference does. T comes from the Gated DeltaNet prefill's solve
+   (`delta_rule_chunk._unit_lower_inverse`): forward substitution inside the 16-row diagonal blocks (fp32
+   elementwise, exact), then a product series over the blocks below them (2 log2(BT / 16) dots).
+2. `_kda_scan_kernel`, one program per (sequence, head, block of BV value channels), walking the sequence's
+   chunks in order with its (K, BV) state tile in registers (fp32; fp64 for fp64 inputs): per chunk the two
+   products with the state, v' = u - w S and o = ou + q' S, and the update
+   S <- diag(exp(G_last)) S + kg^T v'. Pads' tokens are computed from a zero state (as the torch
+   implementation does) and their slots never touched; a live request reads its slot when
+   has_initial_state (zeros otherwise) and writes the final state back in place, honouring the pool's
+   strides (an empty sequence writes its initial state).
 
-Dots on activations run in bf16 for bf16 inputs, tf32 for fp16 inputs (the split factors reach 2**96,
-past fp16's range), exactly ("ieee") for fp32 / fp64. Pads' tokens are computed from a zero state (as the
-torch implementation does) and their slots never touched; a live request reads its slot when
-has_initial_state (zeros otherwise) and writes the final state back in place, honouring the pool's
-strides (an empty sequence writes its initial state). No host synchronisation: the grid is
-(sequences, heads, value blocks), the chunk count is read on the device.
+Dots: bf16 inputs feed q / k and the scratch (stored in bf16) and the state to the tensor cores in bf16,
+the products with T, Qk w and Qk u in tf32; fp16 inputs run everything in tf32 with fp32 scratch (the
+split factors reach 2**96, and a growing state's exp(G) passes fp16's range); fp32 / fp64 exactly
+("ieee"). No host synchronisation: the grids are sized from T // BT upper bounds and the chunk and
+sequence counts are read on the device. Token, slot and head offsets are int64.
 """
 from __future__ import annotations
 
@@ -36,14 +48,19 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2
+from harness.impls.triton.delta_rule_chunk import _locate, _unit_lower_inverse
+from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size
 from harness.ops import PAD_SLOT_ID
 
 __all__ = ["kda_varlen", "CONFIG"]
 
-# bt: chunk length (16 or 32), bv: value channels per program, warps / stages: the launch's num_warps /
-# num_stages, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0: always
-# the exact path). The device's values in configs/<device>/kda_chunk.json.
-CONFIG = launch_config("kda_chunk", {"bt": 16, "bv": 32, "warps": 8, "stages": 2, "fast_thr": 96.0})
+# bt: chunk length (16, 32 or 64), bv: value channels per scan program, prep_bv: value channels per step
+# of the per-chunk stage's u / Qk u, prep_warps / scan_warps / scan_stages: the launches' num_warps and the
+# scan's load pipelining, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0:
+# always the exact path). The device's values in configs/<device>/kda_chunk.json.
+CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_warps": 8, "scan_warps": 4,
+                                     "scan_stages": 2, "fast_thr": 96.0})
+
 
 @triton.jit
 def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr, CD: tl.constexpr):
@@ -51,66 +68,46 @@ def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr, CD: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(A, rows, BT: tl.constexpr, LOG2BT: tl.constexpr, CD: tl.constexpr):
-    """(I + A)^-1 for A (BT, BT) strictly lower triangular, by recursive block inversion: with the
-    inverses of the diagonal blocks of size s in T (block diagonal), each pair of blocks of a 2s-block gets
-    its lower off-diagonal block T21 = -T22 A21 T11 (all at once: T A_off T with A_off the masked A)."""
-    T = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(CD)
-    for lvl in tl.static_range(LOG2BT):
-        ri = rows[:, None] >> lvl
-        cj = rows[None, :] >> lvl
-        off = (ri == cj + 1) & ((ri >> 1) == (cj >> 1))
-        a_off = tl.where(off, A, 0.0)
-        T = T - _dot(_dot(T, a_off, CD, "ieee", CD), T, CD, "ieee", CD)
-    return T
+def _chunks_before(s, qsl_ptr, s_qsl, BT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Number of chunks of the sequences before sequence s: the chunk slot of s's first chunk."""
+    total = tl.zeros((), dtype=tl.int64)
+    for s0 in range(0, s, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        m = offs < s
+        a = tl.load(qsl_ptr + offs.to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
+        b = tl.load(qsl_ptr + (offs + 1).to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
+        total += tl.sum(tl.where(m, (b - a + BT - 1) // BT, 0), 0)
+    return total
 
 
 @triton.jit
-def _kda_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr, o_ptr, scale_ptr,
-                      scale, K, V, pad_id,
-                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
-                      ss0, ss1, ss2, ss3, so0, so1, so2,
-                      BT: tl.constexpr, LOG2BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, L2NORM: tl.constexpr,
-                      SCALE_T: tl.constexpr, FAST_THR: tl.constexpr, STAGES: tl.constexpr):
-    n = tl.program_id(0)
+def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
+                     w_ptr, qp_ptr, kg_ptr, u_ptr, ou_ptr, dl_ptr,
+                     S, K, V, scale,
+                     sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1, s_qsl,
+                     sw0, sw1, su0, su1, sdl0, sdl1,
+                     BT: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     BLOCK_S: tl.constexpr, CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+                     TDOT: tl.constexpr, TPREC: tl.constexpr, L2NORM: tl.constexpr, SCALE_T: tl.constexpr,
+                     FAST_THR: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    vb = tl.program_id(2)
-    bos = tl.load(qsl_ptr + n).to(tl.int64)
-    eos = tl.load(qsl_ptr + n + 1).to(tl.int64)
-    slot = tl.load(idx_ptr + n).to(tl.int64)
-    init = tl.load(hi_ptr + n).to(tl.int32)
-    live = slot != pad_id
-    slot = tl.where(live, slot, 0)
-    if SCALE_T:
-        qscale = tl.load(scale_ptr).to(CD)
-    else:
-        qscale = scale
-
-    rows = tl.arange(0, BT)
-    ck = tl.arange(0, BK)
-    vv = vb * BV + tl.arange(0, BV)
-    km = ck < K
-    vm = vv < V
-    # the state tile, key-major (BK, BV): zeros unless a live request with an initial state
-    sptr = st_ptr + slot * ss0 + h * ss1 + vv[None, :].to(tl.int64) * ss2 + ck[:, None].to(tl.int64) * ss3
-    smask = km[:, None] & vm[None, :]
-    use = (ck * 0 + tl.where(live, init, 0)) != 0  # as a vector (the interpreter mishandles vector & scalar bools)
-    S = tl.load(sptr, mask=smask & use[:, None], other=0.0).to(CD)
-
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
-    nc = tl.cdiv(eos - bos, BT)
-    for c in tl.range(0, nc, num_stages=STAGES):
-        t = bos + c * BT + rows
-        tm = t < eos
+    start, n = _locate(c, qsl_ptr, s_qsl, S, BT, BLOCK_S)
+    if n > 0:
+        if SCALE_T:
+            qscale = tl.load(scale_ptr).to(CD)
+        else:
+            qscale = scale
+        rows = tl.arange(0, BT)
+        ck = tl.arange(0, BK)
+        km = ck < K
+        tm = rows < n
+        t = start + rows.to(tl.int64)
         m2 = tm[:, None] & km[None, :]
         qv = tl.load(q_ptr + t[:, None] * sq0 + h * sq1 + ck[None, :] * sq2, mask=m2, other=0.0).to(CD)
         kv = tl.load(k_ptr + t[:, None] * sk0 + h * sk1 + ck[None, :] * sk2, mask=m2, other=0.0).to(CD)
         gv = tl.load(g_ptr + t[:, None] * sg0 + h * sg1 + ck[None, :] * sg2, mask=m2, other=0.0).to(CD)
         bt = tl.load(b_ptr + t * sb0 + h * sb1, mask=tm, other=0.0).to(CD)
-        vt = tl.load(v_ptr + t[:, None] * sv0 + h * sv1 + vv[None, :] * sv2, mask=tm[:, None] & vm[None, :],
-                     other=0.0).to(CD)
         if L2NORM:
             qv = qv / tl.sqrt(tl.sum(qv * qv, axis=1) + 1e-6)[:, None]
             kv = kv / tl.sqrt(tl.sum(kv * kv, axis=1) + 1e-6)[:, None]
@@ -148,30 +145,96 @@ def _kda_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, qsl_ptr, idx_pt
             qg = qv * fa
             ke = kv * fa
             kg = kv * tl.exp2(g_last[None, :] - G)
-        qk = tl.where(causal, qk, 0.0)
-        A = tl.where(strict, kk * bt[:, None], 0.0)
-        Tm = _unit_lower_inverse(A, rows, BT, LOG2BT, CD)
-        w = _dot(Tm, ke * bt[:, None], DOT, PREC, CD)
-        u = _dot(Tm, vt * bt[:, None], DOT, PREC, CD)
+        qk = tl.where(rows[:, None] >= rows[None, :], qk, 0.0)
+        A = tl.where(rows[:, None] > rows[None, :], kk * bt[:, None], 0.0)
+        Tm = _unit_lower_inverse(A, rows, n, BT, SUB, LOG2NB, CD, TPREC)
+        w = _dot(Tm, ke * bt[:, None], TDOT, TPREC, CD)
+        qp = qg - _dot(qk, w, TDOT, TPREC, CD)
+        kt_off = t[:, None] * sw0 + h * sw1 + ck[None, :]
+        tl.store(w_ptr + kt_off, w.to(w_ptr.dtype.element_ty), mask=m2)
+        tl.store(qp_ptr + kt_off, qp.to(qp_ptr.dtype.element_ty), mask=m2)
+        tl.store(kg_ptr + kt_off, kg.to(kg_ptr.dtype.element_ty), mask=m2)
+        tl.store(dl_ptr + c * sdl0 + h * sdl1 + ck, tl.exp2(g_last).to(dl_ptr.dtype.element_ty), mask=km)
+        for v0 in range(0, V, BV):
+            vv = v0 + tl.arange(0, BV)
+            mv = tm[:, None] & (vv < V)[None, :]
+            vt = tl.load(v_ptr + t[:, None] * sv0 + h * sv1 + vv[None, :] * sv2, mask=mv, other=0.0).to(CD)
+            u = _dot(Tm, vt * bt[:, None], TDOT, TPREC, CD)
+            ou = _dot(qk, u, TDOT, TPREC, CD)
+            vt_off = t[:, None] * su0 + h * su1 + vv[None, :]
+            tl.store(u_ptr + vt_off, u.to(u_ptr.dtype.element_ty), mask=mv)
+            tl.store(ou_ptr + vt_off, ou.to(ou_ptr.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _kda_scan_kernel(w_ptr, qp_ptr, kg_ptr, u_ptr, ou_ptr, dl_ptr, o_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
+                     K, V, pad_id,
+                     sw0, sw1, su0, su1, sdl0, sdl1, so0, so1, so2, ss0, ss1, ss2, ss3, s_qsl, s_idx, s_hi,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
+                     CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    vb = tl.program_id(2)
+    bos = tl.load(qsl_ptr + n * s_qsl).to(tl.int64)
+    eos = tl.load(qsl_ptr + (n + 1) * s_qsl).to(tl.int64)
+    slot = tl.load(idx_ptr + n * s_idx).to(tl.int64)
+    init = tl.load(hi_ptr + n * s_hi).to(tl.int32)
+    live = slot != pad_id
+    slot = tl.where(live, slot, 0)
+    c0 = _chunks_before(n, qsl_ptr, s_qsl, BT, BLOCK_S)
+
+    rows = tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    vv = vb * BV + tl.arange(0, BV)
+    km = ck < K
+    vm = vv < V
+    # the state tile, key-major (BK, BV): zeros unless a live request with an initial state
+    sptr = st_ptr + slot * ss0 + h * ss1 + vv[None, :].to(tl.int64) * ss2 + ck[:, None].to(tl.int64) * ss3
+    smask = km[:, None] & vm[None, :]
+    use = (ck * 0 + tl.where(live, init, 0)) != 0  # as a vector (the interpreter mishandles vector & scalar bools)
+    S = tl.load(sptr, mask=smask & use[:, None], other=0.0).to(CD)
+
+    nc = tl.cdiv(eos - bos, BT)
+    for c in tl.range(0, nc, num_stages=STAGES):
+        t = bos + c * BT + rows
+        tm = t < eos
+        mk = tm[:, None] & km[None, :]
+        mv = tm[:, None] & vm[None, :]
+        kt_off = t[:, None] * sw0 + h * sw1 + ck[None, :]
+        vt_off = t[:, None] * su0 + h * su1 + vv[None, :]
+        wt = tl.load(w_ptr + kt_off, mask=mk, other=0.0)
+        qt = tl.load(qp_ptr + kt_off, mask=mk, other=0.0)
+        kt = tl.load(kg_ptr + kt_off, mask=mk, other=0.0)
+        ut = tl.load(u_ptr + vt_off, mask=mv, other=0.0).to(CD)
+        out = tl.load(ou_ptr + vt_off, mask=mv, other=0.0).to(CD)
+        dl = tl.load(dl_ptr + (c0 + c) * sdl0 + h * sdl1 + ck, mask=km, other=0.0).to(CD)
         sd = S.to(DOT)
-        vn = u - _dot(w, sd, DOT, PREC, CD)
-        o = _dot(qg, sd, DOT, PREC, CD) + _dot(qk, vn, DOT, PREC, CD)
-        tl.store(o_ptr + t[:, None] * so0 + h * so1 + vv[None, :] * so2, o.to(o_ptr.dtype.element_ty),
-                 mask=tm[:, None] & vm[None, :])
-        S = S * tl.exp2(g_last)[:, None] + _dot(tl.trans(kg), vn, DOT, PREC, CD)
+        vn = ut - _dot(wt, sd, DOT, PREC, CD)
+        o = out + _dot(qt, sd, DOT, PREC, CD)
+        tl.store(o_ptr + t[:, None] * so0 + h * so1 + vv[None, :] * so2, o.to(o_ptr.dtype.element_ty), mask=mv)
+        S = S * dl[:, None] + _dot(tl.trans(kt), vn, DOT, PREC, CD)
 
     lv = (ck * 0 + live.to(tl.int32)) != 0
     tl.store(sptr, S.to(st_ptr.dtype.element_ty), mask=smask & lv[:, None])
 
 
 def _dot_types(dtype: torch.dtype, cd: torch.dtype):
-    """(operand dtype, input_precision) of the activation dots: bf16 as is; fp16 through tf32 (fp32
-    operands: the split factors exceed fp16's range); fp32 / fp64 exactly."""
+    """(operand dtype, input_precision) of the activation and state dots, the same of the products with T,
+    Qk w and Qk u, and the scratch dtype: bf16 as is (T products in tf32); fp16 through tf32 with fp32
+    scratch (the split factors and a growing exp(G) exceed fp16's range); fp32 / fp64 exactly."""
     if dtype == torch.bfloat16:
-        return tl.bfloat16, None
+        return tl.bfloat16, None, tl.float32, "tf32", torch.bfloat16
     if dtype == torch.float16:
-        return tl.float32, "tf32"
-    return (tl.float64 if cd == torch.float64 else tl.float32), "ieee"
+        return tl.float32, "tf32", tl.float32, "tf32", torch.float32
+    exact = tl.float64 if cd == torch.float64 else tl.float32
+    return exact, "ieee", exact, "ieee", cd
+
+
+def _block(value, name: str, allowed) -> int:
+    value = int(value)
+    if value not in allowed:
+        raise ValueError(f"kda_chunk config {name}: expected one of {sorted(allowed)}, got {value}")
+    return value
 
 
 @provides("triton", "kda_varlen")
@@ -184,24 +247,42 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     if S == 0 or H == 0:
         return o
     cd = compute_dtype(q.dtype)
-    dot, prec = _dot_types(q.dtype, cd)
-    bt = int(CONFIG["bt"])
-    if bt not in (16, 32, 64):
-        raise ValueError(f"kda_chunk config bt: expected 16, 32 or 64, got {bt}")
+    CD = tl.float64 if cd == torch.float64 else tl.float32
+    dot, prec, tdot, tprec, sdt = _dot_types(q.dtype, cd)
+    bt = _block(CONFIG["bt"], "bt", (16, 32, 64))
+    sub = 16
     BK = max(16, next_power_of_2(K))
-    BV = max(16, min(int(CONFIG["bv"]), next_power_of_2(V)))
+    VP = max(16, next_power_of_2(V))
+    BV = min(_block(CONFIG["bv"], "bv", (16, 32, 64, 128)), VP)
+    BVP = min(_block(CONFIG["prep_bv"], "prep_bv", (16, 32, 64, 128)), VP)
     sc = float(K ** -0.5 if scale is None else scale)
     scale_t = cd == torch.float64
     # fp64 runs read the exact scale from a tensor (float arguments arrive as fp32); filled on the device
     sct = torch.full((1,), sc, dtype=cd, device=q.device) if scale_t else o
+    dev = v.device
+    NC = chunk_table_size(T, S, bt)
+    w = torch.empty((T, H, K), dtype=sdt, device=dev)
+    qp = torch.empty_like(w)
+    kg = torch.empty_like(w)
+    u = torch.empty((T, H, V), dtype=sdt, device=dev)
+    ou = torch.empty_like(u)
+    dl = torch.empty((NC, H, K), dtype=cd, device=dev)
+    BLOCK_S = min(1024, max(16, next_power_of_2(S)))
     pool = ssm_states
     with device_guard(q):
-        _kda_chunk_kernel[(S, H, cdiv(V, BV))](
-            q, k, v, g, beta, pool, query_start_loc, cache_indices, has_initial_state, o, sct,
-            sc, K, V, int(pad_slot_id),
-            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-            *pool.stride(), *o.stride(),
-            BT=bt, LOG2BT=bt.bit_length() - 1, BK=BK, BV=BV, CD=tl.float64 if cd == torch.float64 else tl.float32,
-            DOT=dot, PREC=prec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t, FAST_THR=float(CONFIG["fast_thr"]),
-            STAGES=int(CONFIG["stages"]), num_warps=int(CONFIG["warps"]))
+        _kda_prep_kernel[(NC, H)](
+            q, k, v, g, beta, query_start_loc, sct, w, qp, kg, u, ou, dl,
+            S, K, V, sc,
+            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1),
+            BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
+            DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
+            FAST_THR=float(CONFIG["fast_thr"]), num_warps=int(CONFIG["prep_warps"]))
+        _kda_scan_kernel[(S, H, cdiv(V, BV))](
+            w, qp, kg, u, ou, dl, o, pool, query_start_loc, cache_indices, has_initial_state,
+            K, V, int(pad_slot_id),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1), *o.stride(),
+            *pool.stride(), query_start_loc.stride(0), cache_indices.stride(0), has_initial_state.stride(0),
+            BT=bt, BK=BK, BV=BV, BLOCK_S=BLOCK_S, CD=CD, DOT=dot, PREC=prec,
+            STAGES=int(CONFIG["scan_stages"]), num_warps=int(CONFIG["scan_warps"]))
     return o
