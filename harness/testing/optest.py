@@ -18,7 +18,8 @@ Generic pieces (usable for any op of `harness.ops`):
   contract: an op writes only its pool and `out=`); `run_pool_case` and `run_isolation_case` apply it
   after every call.
 * `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
-  another pool layout (contiguous / page_major strided view), for `run_pool_case(alt_pools=...)`.
+  another pool layout (contiguous / page_major / channels_last strided view), for
+  `run_pool_case(alt_pools=...)`.
 * `poisoned(t, rows, value)`: a copy of `t` with the given rows set to a non-finite `value`;
   `run_isolation_case(check, impl, op, clean, poisoned, kwargs, ...)`: runs the op on a clean and on a
   poisoned copy of the same batch and checks that the requests the poison must not reach are unchanged
@@ -161,10 +162,14 @@ def _run_pool_case(check, impl, op, args, kwargs, *, pool_pos, live_slots, y_mas
     return y, pool
 
 
-def other_layout_pool(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.Tensor:
-    """A copy of `pool`'s contents in the other layout of harness.testing.LAYOUTS."""
+def other_layout_pool(pool: torch.Tensor, layout: str, seed: int = 0, layouts=None) -> torch.Tensor:
+    """A copy of `pool`'s contents in the layout after `layout` in `layouts` (default harness.testing.LAYOUTS;
+    CONV_LAYOUTS for conv states), cyclically: drawing `layout` from `layouts` covers every pair of
+    neighbouring layouts."""
     from harness.testing import LAYOUTS
-    return pool_like(pool, [lay for lay in LAYOUTS if lay != layout][0], seed=seed + 1)
+    layouts = tuple(layouts or LAYOUTS)
+    nxt = layouts[(layouts.index(layout) + 1) % len(layouts)] if layout in layouts else layouts[0]
+    return pool_like(pool, nxt, seed=seed + 1)
 
 
 def profile() -> str:
