@@ -119,26 +119,13 @@ def test_conv_pools_with_vllm_channels_last_slots(impl, device, check):
                       seed=11, shapes=dict(layout="channels_last", conv_states=list(args[pos].shape)))
 
 
-def _row_major_slots(base):
-    """`base` with conv ops that address a slot's elements as slot_base + d * (K-1) + k (a row-major slot,
-    what `.view` on a slot or a kernel ignoring the channel and tap strides assumes): right on contiguous
-    and page-major pools, wrong on channels-last ones."""
-    import dataclasses
-    from harness.selftest import wrap_op
-
-    def before(a):
-        p = a["conv_states"]
-        a["conv_states"] = p.as_strided(p.shape, (p.stride(0), p.shape[2], 1), p.storage_offset())
-        return a
-    ops = {op: wrap_op(op, base.ops[op], before) for op in ("causal_conv1d_update", "causal_conv1d_varlen")}
-    return dataclasses.replace(base, name=f"{base.name}[row-major conv slots]", ops={**base.ops, **ops})
-
-
 def test_row_major_conv_slots_are_caught_only_by_channels_last_pools(check):
-    """The planted conv ops that assume a row-major slot pass every check on contiguous and page-major
-    pools and fail on vLLM's channels-last slots, for both the decode and the prefill op."""
+    """The planted conv ops that assume a row-major slot (`harness.selftest.row_major_conv_slots`, also the
+    selftest variant `conv_row_major_slots`) pass every check on contiguous and page-major pools and fail
+    on vLLM's channels-last slots, for both the decode and the prefill op."""
     from harness.impls import registry
-    broken = _row_major_slots(registry.get("torch"))
+    from harness.selftest import row_major_conv_slots
+    broken = row_major_conv_slots(registry.get("torch"))
     for layout in ("contiguous", "page_major"):
         for op, args, kw, pos, slots, mask in _channels_last_cases("cpu", layout=layout):
             run_pool_case(check, broken, op, args, kw, pool_pos=pos, live_slots=slots, y_mask=mask,
