@@ -16,7 +16,8 @@ Generic pieces (usable for any op of `harness.ops`):
 * `snapshot_inputs(op, args, kwargs, skip=...)` / `assert_inputs_unchanged(snapshot)`: copies of every tensor
   argument but the pool and `out=`, and the check that the op left each bit for bit unchanged (the op
   contract: an op writes only its pool and `out=`); `run_pool_case` and `run_isolation_case` apply it
-  after every call.
+  after every call; `read_only_inputs(op, fn)` wraps an op so that every call applies it (for suites that
+  call ops directly).
 * `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
   another pool layout (contiguous / page_major / channels_last strided view), for
   `run_pool_case(alt_pools=...)`.
@@ -106,6 +107,22 @@ def assert_inputs_unchanged(op: str, snap: list, context: str = "") -> None:
     for name, t, before in snap:
         assert_bitwise_equal(f"{op}: input `{name}` was written by the op (an op writes only its pool and out=)",
                              t, before, context)
+
+
+def read_only_inputs(op: str, fn):
+    """`fn` (an implementation of `op`) checking after every call that it left every tensor argument but
+    the pool and `out=` bitwise unchanged (not for inputs of gigabytes: each call copies its inputs)."""
+    import functools
+    from harness.ops import SPECS
+    pool = SPECS[op].pool if op in SPECS else None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        snap = snapshot_inputs(op, args, kwargs, skip=(pool,) if pool else ())
+        y = fn(*args, **kwargs)
+        assert_inputs_unchanged(op, snap)
+        return y
+    return call
 
 
 def run_pool_case(check, impl, op: str, args: list, kwargs: dict, *, pool_pos: int | None, live_slots,
