@@ -84,7 +84,7 @@ def _dt_in_place(base):
 def test_in_place_dt_is_caught_only_by_the_input_check(check, layout):
     """The planted decode op that rewrites the caller's dt in place: its y and state match the float64
     oracle (the output and state checks alone let it through), the input check names `dt`, and so does
-    `run_pool_case`, the helper every pool-op suite calls."""
+    `run_pool_case`, which every pool-op suite calls."""
     sp, shape = CASES[f"selective_state_update/{layout}-full"]
     broken = _dt_in_place(registry.get("torch"))
     kw = sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
