@@ -7,7 +7,7 @@ patches (or wraps) it and restores it afterwards:
 * the mixer backend (``harness.engine.backend.MixerBackend``) and the family mixers it runs
   (``harness.engine.families``),
 * the implementation's ops (wrappers around the ``reference`` -- or ``--impl`` -- ops that mishandle
-  pad ids, dt, groups or short conv chunks),
+  pad ids, dt, groups, short conv chunks or channels-last conv slots),
 * a mamba_ssm-style varlen SSD on a GLOBAL chunk grid (:func:`grid_ssd_varlen`, which takes its logical
   chunks from ``harness.engine.metadata.chunk_indices_offsets``), correct or with bug class 4.
 
@@ -164,7 +164,9 @@ def grid_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query
 class Variant:
     """A deliberately broken engine: `patch()` is a context manager that breaks a real component;
     `impl(base)` gives the implementation the engine runs (default: `base`, possibly wrapped);
-    `control(base)` the unbroken implementation the catch is confirmed against."""
+    `control(base)` the unbroken implementation the catch is confirmed against; `runner`: engine options
+    (harness.engine.runner.EngineRunner keyword arguments, e.g. the pool layout) of both the broken engine
+    and the control."""
     name: str
     bug_class: str
     description: str
@@ -172,6 +174,7 @@ class Variant:
     impl: Callable = lambda base: base
     control: Callable = lambda base: base
     strategy: dict = field(default_factory=dict)
+    runner: dict = field(default_factory=dict)
 
 
 def _meta_patch(transform):
@@ -294,6 +297,20 @@ def _conv_short_chunks(base: Impl) -> Impl:
                                                  after=after))
 
 
+def row_major_conv_slots(base: Impl) -> Impl:
+    """Conv ops that address a conv-state slot's elements as slot_base + d * (K-1) + k (a row-major slot:
+    what `.view` on a slot or a kernel ignoring the channel and tap strides assumes). Right on row-major
+    slots; on vLLM's channels-last slots ((K-1, conv_dim) in memory, strides (page, 1, conv_dim)) every
+    window is read and written scrambled."""
+    def before(a):
+        p = a["conv_states"]
+        a["conv_states"] = p.as_strided(p.shape, (p.stride(0), p.shape[2], 1), p.storage_offset())
+        return a
+    ops = {op: wrap_op(op, base.ops[op], before) for op in ("causal_conv1d_update", "causal_conv1d_varlen")
+           if op in base.ops}
+    return with_ops(base, f"{base.name}[row-major conv slots]", **ops)
+
+
 def _grid(base: Impl, bug: bool) -> Impl:
     fn = grid_ssd_varlen if not bug else (lambda *a, **k: grid_ssd_varlen(*a, **k, _bug_cumsum_at_chunk_start=True))
     return with_ops(base, f"{base.name}+grid_ssd" + ("[cumsum at chunk start]" if bug else ""), ssd_varlen=fn)
@@ -395,6 +412,8 @@ VARIANTS = [
             impl=_pad_wrap, strategy=dict(pads=(4,))),
     Variant("dt_bias_twice", "10", "decode adds dt_bias twice", impl=lambda b: _dt_decode(b, "bias_twice")),
     Variant("dt_softplus_twice", "10", "decode applies softplus twice", impl=lambda b: _dt_decode(b, "softplus")),
+    Variant("conv_row_major_slots", "19", "conv ops address conv-state slots row-major; the engine keeps them "
+            "channels-last as vLLM does", impl=row_major_conv_slots, runner=dict(conv_channels_last=True)),
     Variant("falcon_norms_missing", "11", "Falcon-Mamba B/C/dt RMSNorm missing",
             patch=lambda: _falcon_norm("missing"), strategy=dict(families=("falcon_mamba",))),
     Variant("falcon_norms_wrong_eps", "11", "Falcon-Mamba B/C/dt RMSNorm with the layer norm's eps (1e-5) "
@@ -449,8 +468,8 @@ def run_variant(v: Variant, base: Impl, *, max_examples: int = 30, seconds: floa
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
     t0 = time.time()
-    broken = RunnerFactory(v.impl(base), dtype=dtype, device=device)
-    control = RunnerFactory(v.control(base), dtype=dtype, device=device)
+    broken = RunnerFactory(v.impl(base), dtype=dtype, device=device, extra=dict(v.runner))
+    control = RunnerFactory(v.control(base), dtype=dtype, device=device, extra=dict(v.runner))
     memo: dict = {}
     deadline = t0 + seconds
 
@@ -502,9 +521,9 @@ def reproduce(variant: str, case: Scenario, prop: str = "matches_reference", imp
     base = engine_impl(registry.get(impl) if isinstance(impl, str) else impl)
     if broken:
         with v.patch():
-            PROPERTIES[prop](case, RunnerFactory(v.impl(base), dtype=dtype, device=device))
+            PROPERTIES[prop](case, RunnerFactory(v.impl(base), dtype=dtype, device=device, extra=dict(v.runner)))
     else:
-        PROPERTIES[prop](case, RunnerFactory(v.control(base), dtype=dtype, device=device))
+        PROPERTIES[prop](case, RunnerFactory(v.control(base), dtype=dtype, device=device, extra=dict(v.runner)))
 
 
 def run_selftest(impl="reference", variants=None, *, max_examples: int = 30, seconds: float = 8.0,

@@ -21,6 +21,11 @@ Conventions for every op
   bit-for-bit unchanged.
 * `out=`: an optional preallocated output (suites poison it with NaN before the call); the op writes
   into it and returns it. Without `out`, a new tensor is returned.
+* Inputs are read-only: an op writes only its state pool (`*_states`, the named slots) and `out=`.
+  Every other tensor argument (activations, dt, A, dt_bias, weights, indices, offsets, flags) is left
+  bit-for-bit unchanged -- no in-place softplus, bias add, cast or reordering on the caller's tensors,
+  which the caller may still read (a CUDA-graph replay reuses its static input buffers; a speculative
+  re-run reads them again). The op suites check every input bit for bit after each call.
 * dtypes: activations in fp16/bf16/fp32 (fp64 where an implementation supports it); A, D, dt_bias
   in fp32 (or the activations' dtype); pools in any float dtype (recurrent state usually fp32).
   Implementations accumulate in fp32 at least.

@@ -1,8 +1,11 @@
-"""Helpers the op suites share: state pools (contiguous or page-major strided views), slot choice,
-and the untouched-slot check.
+"""Helpers the op suites share: state pools (contiguous, page-major or channels-last strided views),
+slot choice, and the untouched-slot check.
 
 A page-major pool mimics an engine that keeps all of a slot's layers in one page: the pool is a view
 into a larger buffer whose slot stride exceeds the slot's numel, so kernels that ignore strides fail.
+A channels-last pool mimics vLLM's conv state: each slot is stored as (K-1, conv_dim) in memory and
+handed to kernels as the transposed view (conv_dim, K-1) with strides (page, 1, conv_dim), so kernels
+that assume a row-major slot (`.view` on a slot, pointer offsets `d * (K-1) + k`) fail.
 """
 from __future__ import annotations
 
@@ -18,15 +21,23 @@ import torch
 from harness.testing.checks import assert_bitwise_equal
 from harness.ops import PAD_SLOT_ID
 
+# The layouts every pool suite draws; conv-state suites draw CONV_LAYOUTS (vLLM's channels-last slots too).
 LAYOUTS = ("contiguous", "page_major")
+CONV_LAYOUTS = LAYOUTS + ("channels_last",)
+ALL_LAYOUTS = CONV_LAYOUTS
 
 
 def make_pool(num_slots: int, slot_shape: tuple, dtype: torch.dtype, device, layout: str = "contiguous",
               seed: int = 0, extra: int = 7) -> torch.Tensor:
     """A pool of `num_slots` random slots of `slot_shape`. `page_major` returns a strided view whose
-    slot stride is numel(slot) + `extra` (another "layer" living in the same page)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    slot stride is numel(slot) + `extra` (another "layer" living in the same page). `channels_last`
+    stores each slot with its last two dims swapped (a conv slot (D, K-1) as (K-1, D), as vLLM does) in a
+    page of numel(slot) + `extra` elements and returns the transposed view: slot strides
+    (page, ..., 1, slot_shape[-2])."""
+    if layout not in ALL_LAYOUTS:
+        raise ValueError(f"layout: expected one of {ALL_LAYOUTS}, got {layout!r}")
+    if layout == "channels_last" and len(slot_shape) < 2:
+        raise ValueError(f"slot_shape: expected at least 2 dims for layout 'channels_last', got {tuple(slot_shape)}")
     g = torch.Generator().manual_seed(seed)
     numel = 1
     for s in slot_shape:
@@ -35,8 +46,11 @@ def make_pool(num_slots: int, slot_shape: tuple, dtype: torch.dtype, device, lay
         return torch.randn((num_slots,) + tuple(slot_shape), generator=g, dtype=torch.float32).to(device, dtype)
     page = numel + extra
     buf = torch.randn(num_slots * page, generator=g, dtype=torch.float32).to(device, dtype)
-    return buf.as_strided((num_slots,) + tuple(slot_shape),
-                          (page,) + tuple(torch.empty(slot_shape).stride()))
+    if layout == "page_major":
+        return buf.as_strided((num_slots,) + tuple(slot_shape),
+                              (page,) + tuple(torch.empty(slot_shape).stride()))
+    stored = tuple(slot_shape[:-2]) + (slot_shape[-1], slot_shape[-2])
+    return buf.as_strided((num_slots,) + stored, (page,) + tuple(torch.empty(stored).stride())).transpose(-1, -2)
 
 
 def choose_slots(num_requests: int, num_slots: int, rng: random.Random, pad_prob: float = 0.0) -> list[int]:

@@ -13,8 +13,14 @@ Generic pieces (usable for any op of `harness.ops`):
   (1) the op returned `out`; (2) y on the rows of `y_mask` matches the float64 `oracle`; (3) every live
   slot matches the oracle's pool; (4) every other slot (pads' too) is bitwise unchanged. Returns
   (y, pool_after) for further checks (e.g. layout agreement).
+* `snapshot_inputs(op, args, kwargs, skip=...)` / `assert_inputs_unchanged(snapshot)`: copies of every tensor
+  argument but the pool and `out=`, and the check that the op left each bit for bit unchanged (the op
+  contract: an op writes only its pool and `out=`); `run_pool_case` and `run_isolation_case` apply it
+  after every call; `read_only_inputs(op, fn)` wraps an op so that every call applies it (for suites that
+  call ops directly).
 * `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
-  another pool layout (contiguous / page_major strided view), for `run_pool_case(alt_pools=...)`.
+  another pool layout (contiguous / page_major / channels_last strided view), for
+  `run_pool_case(alt_pools=...)`.
 * `poisoned(t, rows, value)`: a copy of `t` with the given rows set to a non-finite `value`;
   `run_isolation_case(check, impl, op, clean, poisoned, kwargs, ...)`: runs the op on a clean and on a
   poisoned copy of the same batch and checks that the requests the poison must not reach are unchanged
@@ -75,6 +81,50 @@ def pool_like(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.Tensor:
     return p
 
 
+def _arg_names(op: str, n: int) -> list:
+    from harness.ops import SPECS
+    names = list(SPECS[op].args) if op in SPECS else []
+    return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
+
+
+def snapshot_inputs(op: str, args, kwargs: dict, skip=()) -> list:
+    """(name, tensor, copy) for every tensor argument of a call of `op` (positional, named by the op's
+    spec, and keyword) except `out` and the names or positions in `skip` (the pool): what
+    `assert_inputs_unchanged` compares after the call."""
+    snap = []
+    for i, (name, a) in enumerate(zip(_arg_names(op, len(args)), args)):
+        if isinstance(a, torch.Tensor) and i not in skip and name not in skip:
+            snap.append((name, a, a.detach().clone()))
+    for name, a in kwargs.items():
+        if isinstance(a, torch.Tensor) and name != "out" and name not in skip:
+            snap.append((name, a, a.detach().clone()))
+    return snap
+
+
+def assert_inputs_unchanged(op: str, snap: list, context: str = "") -> None:
+    """Every input of `snap` (see `snapshot_inputs`) is bit-for-bit what it was before the call: an op
+    writes only its pool and `out=` (harness.ops, "Inputs are read-only")."""
+    for name, t, before in snap:
+        assert_bitwise_equal(f"{op}: input `{name}` was written by the op (an op writes only its pool and out=)",
+                             t, before, context)
+
+
+def read_only_inputs(op: str, fn):
+    """`fn` (an implementation of `op`) checking after every call that it left every tensor argument but
+    the pool and `out=` bitwise unchanged (not for inputs of gigabytes: each call copies its inputs)."""
+    import functools
+    from harness.ops import SPECS
+    pool = SPECS[op].pool if op in SPECS else None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        snap = snapshot_inputs(op, args, kwargs, skip=(pool,) if pool else ())
+        y = fn(*args, **kwargs)
+        assert_inputs_unchanged(op, snap)
+        return y
+    return call
+
+
 def run_pool_case(check, impl, op: str, args: list, kwargs: dict, *, pool_pos: int | None, live_slots,
                   y_mask: torch.Tensor | None, dtype: torch.dtype, pool_dtype: torch.dtype | None = None,
                   seed=None, shapes=None, scale: float = 1.0, out_like: torch.Tensor | None = None,
@@ -107,7 +157,9 @@ def _run_pool_case(check, impl, op, args, kwargs, *, pool_pos, live_slots, y_mas
     pool = args[pool_pos] if pool_pos is not None else None
     before = pool.clone() if pool is not None else None
     y_ref, pool_ref = oracle(op, *args, **kwargs)
+    inputs = snapshot_inputs(op, args, kwargs, skip=(pool_pos,))
     y = impl.op(op)(*args, out=out, **kwargs)
+    assert_inputs_unchanged(op, inputs, tag)
     assert y is out, f"{op}: expected the op to return the `out=` tensor it was given, got another tensor"
     tol = tolerance_for(dtype, scale)
     m = y_mask if y_mask is not None else torch.ones(y.shape[0], dtype=torch.bool)
@@ -127,10 +179,14 @@ def _run_pool_case(check, impl, op, args, kwargs, *, pool_pos, live_slots, y_mas
     return y, pool
 
 
-def other_layout_pool(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.Tensor:
-    """A copy of `pool`'s contents in the other layout of harness.testing.LAYOUTS."""
+def other_layout_pool(pool: torch.Tensor, layout: str, seed: int = 0, layouts=None) -> torch.Tensor:
+    """A copy of `pool`'s contents in the layout after `layout` in `layouts` (default harness.testing.LAYOUTS;
+    CONV_LAYOUTS for conv states), cyclically: drawing `layout` from `layouts` covers every pair of
+    neighbouring layouts."""
     from harness.testing import LAYOUTS
-    return pool_like(pool, [lay for lay in LAYOUTS if lay != layout][0], seed=seed + 1)
+    layouts = tuple(layouts or LAYOUTS)
+    nxt = layouts[(layouts.index(layout) + 1) % len(layouts)] if layout in layouts else layouts[0]
+    return pool_like(pool, nxt, seed=seed + 1)
 
 
 def profile() -> str:
@@ -171,8 +227,11 @@ def run_isolation_case(check, impl, op: str, clean: list, poison: list, kwargs: 
     poison in failure messages. Returns (y_clean, y_poisoned)."""
     pool_p = poison[pool_pos]
     before = pool_p.clone()
+    snaps = [snapshot_inputs(op, a, kwargs, skip=(pool_pos,)) for a in (clean, poison)]
     y_c = impl.op(op)(*clean, **kwargs)
     y_p = impl.op(op)(*poison, **kwargs)
+    for snap, which in zip(snaps, ("clean run", "poisoned run")):
+        assert_inputs_unchanged(op, snap, which)
     m = keep_rows.to(y_c.device)
     tol = tolerance_for(dtype)
     ctx = f"poison: {what}" if what else ""

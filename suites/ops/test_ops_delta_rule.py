@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from harness import ops as DC
 from harness.testing.checks import assert_bitwise_equal, poison_, tolerance_for
-from harness.testing.optest import ALL_DTYPES, coarser, other_layout_pool, rand, randn, require, token_mask
+from harness.testing.optest import ALL_DTYPES, coarser, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
 from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.impls.torch import delta_rule as TD
 from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool, strict_op
@@ -28,10 +28,11 @@ NAMES = {("gdn", "varlen"): "gated_delta_rule_varlen", ("gdn", "update"): "gated
 
 
 def op_of(impl, kind, form, dtype=None):
-    """The implementation's op (skipped with the reason where it lacks it or the dtype)."""
+    """The implementation's op (skipped with the reason where it lacks it or the dtype), checking after
+    every call that it wrote no input but the pool and `out=`."""
     name = NAMES[(kind, form)]
     require(impl, name, dtype)
-    fn = impl.op(name)
+    fn = read_only_inputs(name, impl.op(name))  # every call also checks that the inputs stay unchanged
     return name, fn
 REF = {"gdn": (R.gated_delta_rule, R.gated_delta_rule_update), "kda": (R.kda, R.kda_update)}
 seeds = st.integers(0, 2**31 - 1)

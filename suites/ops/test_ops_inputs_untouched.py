@@ -1,0 +1,108 @@
+"""Op contract: inputs are read-only. An op writes only its state pool and `out=` (harness.ops, "Inputs are
+read-only"); every other tensor argument -- activations, dt, A, dt_bias, weights, slot indices, offsets,
+flags -- is bit-for-bit what the caller passed, after the call.
+
+For every op (harness.ops.SPECS: each spec's `inputs` builder on its contract shapes, with and without the
+optional inputs) and every implementation, the test snapshots each tensor argument but the pool and `out=`,
+calls the op and compares. A planted in-place bug (a decode op that applies dt_bias and softplus to the
+caller's `dt` and then runs with them switched off: outputs and states stay right) passes every
+output and state check and is caught only here."""
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from harness.impls import registry
+from harness.impls.reference_impl import oracle
+from harness.ops import SPECS
+from harness.selftest import wrap_op
+from harness.testing.checks import poison_
+from harness.testing.optest import assert_inputs_unchanged, require, run_pool_case, snapshot_inputs
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _cases():
+    """case id -> (spec, shape): each contract shape as declared, and with every optional input present
+    (dt_bias, D, z, bias, the activation, dt softplus) where the declared one leaves them out."""
+    cases = {}
+    for name, sp in SPECS.items():
+        for i, sh in enumerate(sp.shapes["contract"]):
+            variants = [sh] if sh.get("optional", True) else [sh, {**sh, "optional": True}]
+            for v in variants:
+                tag = f"{sh.get('layout', i)}" + ("" if v.get("optional", True) is False else "-full")
+                cases[f"{name}/{tag}"] = (sp, v)
+    return cases
+
+
+CASES = _cases()
+
+
+def _call(sp, fn, kwargs):
+    """Call `fn` (op `sp`) without `out=` and then with a NaN-poisoned `out=` shaped like the first result,
+    checking after each call that every input but the pool and `out=` is bitwise unchanged."""
+    pos, opt = sp.split(dict(kwargs))
+    snap = snapshot_inputs(sp.name, pos, opt, skip=(sp.pool,) if sp.pool else ())
+    assert snap, f"{sp.name}: no tensor inputs to check"
+    y = fn(*pos, **opt)
+    assert_inputs_unchanged(sp.name, snap, "(called without out=)")
+    if "out" in sp.options:
+        fn(*pos, **opt, out=poison_(torch.empty_like(y)))
+        assert_inputs_unchanged(sp.name, snap, "(called with out=)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).replace("torch.", "") for d in DTYPES])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_op_leaves_its_inputs_unchanged(impl, device, case, dtype):
+    """Every op of every implementation writes no tensor argument but its pool and `out=`."""
+    sp, shape = CASES[case]
+    require(impl, sp.name, dtype, device)
+    kwargs = sp.inputs(shape, dtype, device, torch.Generator().manual_seed(0))
+    _call(sp, impl.op(sp.name), kwargs)
+
+
+# ----------------------------------------------------------------------------- the planted bug
+
+def _dt_in_place(base):
+    """`base` with a selective_state_update that turns the caller's dt into softplus(dt + dt_bias) in
+    place and then runs the op with the bias and the softplus switched off: y and the state are right,
+    the caller's dt is not."""
+    def before(a):
+        if a["dt_bias"] is not None:
+            a["dt"].add_(a["dt_bias"].to(a["dt"].dtype))
+            a["dt_bias"] = None
+        if a.get("dt_softplus", True):
+            a["dt"].copy_(F.softplus(a["dt"]))
+            a["dt_softplus"] = False
+        return a
+    op = wrap_op("selective_state_update", base.ops["selective_state_update"], before)
+    return dataclasses.replace(base, name=f"{base.name}[dt in place]", ops={**base.ops, "selective_state_update": op})
+
+
+@pytest.mark.parametrize("layout", ["mamba1", "mamba2"])
+def test_in_place_dt_is_caught_only_by_the_input_check(check, layout):
+    """The planted decode op that rewrites the caller's dt in place: its y and state match the float64
+    oracle (the output and state checks alone let it through), the input check names `dt`, and so does
+    `run_pool_case`, which every pool-op suite calls."""
+    sp, shape = CASES[f"selective_state_update/{layout}-full"]
+    broken = _dt_in_place(registry.get("torch"))
+    kw = sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
+    pos, opt = sp.split(kw)
+    y_ref, pool_ref = oracle(sp.name, *pos, **opt)
+    pool = pos[0]
+    y = broken.op(sp.name)(*pos, **opt)
+    live = pos[-1].long()
+    check.close("y of the in-place op", y, y_ref, op=sp.name, impl=broken.name, dtype=torch.float32)
+    check.close("state of the in-place op", pool[live], pool_ref[live], op=sp.name, impl=broken.name,
+                dtype=torch.float32)
+    with pytest.raises(AssertionError, match=r"input `dt` was written"):
+        _call(sp, broken.op(sp.name), sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0)))
+    kw = sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
+    pos, opt = sp.split(kw)
+    with pytest.raises(AssertionError, match=r"input `dt` was written"):
+        run_pool_case(check, broken, sp.name, pos, opt, pool_pos=0, live_slots=pos[-1].tolist(), y_mask=None,
+                      dtype=torch.float32)
+    # the unbroken op passes the same check
+    _call(sp, registry.get("torch").op(sp.name), sp.inputs(shape, torch.float32, "cpu",
+                                                           torch.Generator().manual_seed(0)))
