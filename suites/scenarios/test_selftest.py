@@ -18,7 +18,7 @@ def test_selftest_catches_every_variant():
     escaped = [(o.variant.name, o.error) for o in outcomes if not o.caught]
     assert not escaped, f"variants escaped: {escaped}\n{table}"
     assert all(o.control_ok and o.case is not None and o.properties for o in outcomes)
-    assert {"1", "2", "3", "4", "5", "9", "10", "11", "18"} <= {o.variant.bug_class for o in outcomes}
+    assert {"1", "2", "3", "4", "5", "9", "10", "11", "16", "19"} <= {o.variant.bug_class for o in outcomes}
     case = Scenario(family="mamba2", model_seed=0, prompts=((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), (1, 2, 3, 4, 5, 6, 7, 8, 9)),
                     max_new=(3, 2), track=(True, False), waves=((0,), (1,)), token_budget=5, block_size=8,
                     cache_mode="all", chunk_seed=1, num_slots=2, decode_pad=4)
