@@ -75,19 +75,11 @@ class Attention:
 
     def __init__(self, cfg, params: dict, shapes: dict, *, dtype: torch.dtype = torch.float64, ops=None,
                  device=None):
-        from reference.mixers import reference_ops
-        missing = sorted(set(shapes) - set(params))
-        extra = sorted(set(params) - set(shapes))
-        if missing or extra:
-            fail("params", f"exactly the attention parameters {sorted(shapes)}", f"missing {missing}, unexpected {extra}")
-        for k, s in shapes.items():
-            if tuple(params[k].shape) != s:
-                fail(f"params[{k!r}]", f"shape {s}", f"shape {tuple(params[k].shape)}")
+        from reference.mixers import checked_params, reference_ops
         self.cfg = cfg
         self.dtype = dtype
         self.ops = ops or reference_ops()
-        self.p = {k: v.detach().to(device=device if device is not None else v.device, dtype=dtype)
-                  for k, v in params.items()}
+        self.p = checked_params(params, shapes, "attention", dtype, device)
 
     def project(self, h, positions):  # pragma: no cover - defined by each family
         raise NotImplementedError

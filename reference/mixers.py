@@ -25,6 +25,20 @@ from reference.validate import fail
 
 
 @dataclass(frozen=True)
+def checked_params(params: dict, shapes: dict, what: str, dtype: torch.dtype, device=None) -> dict:
+    """`params` after checking it holds exactly the named parameters of `shapes` with those shapes, cast to
+    `dtype` (and moved to `device` when given)."""
+    missing = sorted(set(shapes) - set(params))
+    extra = sorted(set(params) - set(shapes))
+    if missing or extra:
+        fail("params", f"exactly the {what} parameters {sorted(shapes)}", f"missing {missing}, unexpected {extra}")
+    for k, s in shapes.items():
+        if tuple(params[k].shape) != s:
+            fail(f"params[{k!r}]", f"shape {s}", f"shape {tuple(params[k].shape)}")
+    return {k: v.detach().to(device=device if device is not None else v.device, dtype=dtype)
+            for k, v in params.items()}
+
+
 class MixerOps:
     """The ops a mixer calls; signatures as in reference/{conv1d,selective_scan,ssd,norms}.py."""
     causal_conv1d: Callable
@@ -75,18 +89,10 @@ class Mixer:
                  device=None):
         from reference.loader import mixer_parameter_shapes
         shapes = mixer_parameter_shapes(cfg)
-        missing = sorted(set(shapes) - set(params))
-        extra = sorted(set(params) - set(shapes))
-        if missing or extra:
-            fail("params", f"exactly the mixer parameters {sorted(shapes)}", f"missing {missing}, unexpected {extra}")
-        for k, s in shapes.items():
-            if tuple(params[k].shape) != s:
-                fail(f"params[{k!r}]", f"shape {s}", f"shape {tuple(params[k].shape)}")
         self.cfg = cfg
         self.dtype = dtype
         self.ops = ops or reference_ops()
-        self.p = {k: v.detach().to(device=device if device is not None else v.device, dtype=dtype)
-                  for k, v in params.items()}
+        self.p = checked_params(params, shapes, "mixer", dtype, device)
         self.conv_w = self.conv_weight()  # (conv_dim, K)
         self.conv_b = self.p.get("conv1d.bias")
         self.A = -torch.exp(self.p["A_log"]) if "A_log" in self.p else None
