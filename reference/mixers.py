@@ -24,7 +24,6 @@ import torch
 from reference.validate import fail
 
 
-@dataclass(frozen=True)
 def checked_params(params: dict, shapes: dict, what: str, dtype: torch.dtype, device=None) -> dict:
     """`params` after checking it holds exactly the named parameters of `shapes` with those shapes, cast to
     `dtype` (and moved to `device` when given)."""
@@ -39,6 +38,7 @@ def checked_params(params: dict, shapes: dict, what: str, dtype: torch.dtype, de
             for k, v in params.items()}
 
 
+@dataclass(frozen=True)
 class MixerOps:
     """The ops a mixer calls; signatures as in reference/{conv1d,selective_scan,ssd,norms}.py."""
     causal_conv1d: Callable
