@@ -40,23 +40,24 @@ from reference.selective_scan import selective_state_update
 from reference.ssd import ssd_state_update
 from reference.validate import check_cu_seqlens, check_tensor, fail
 
-__all__ = ["spec_rows", "spec_state_update", "spec_conv1d_update"]
+__all__ = ["spec_rows", "written_slots", "spec_state_update", "spec_conv1d_update"]
 
 
 def spec_rows(query_start_loc, state_indices, num_accepted_tokens, num_tokens: int, num_slots: int,
-              pad_slot_id: int = -1) -> list[tuple[int, int, int, list[int]]]:
+              pad_slot_id: int = -1, indices_arg: str = "state_indices") -> list[tuple[int, int, int, list[int]]]:
     """Validate the speculative-decode layout (see the module docstring) and return, per row,
-    (start, end, initial slot or pad_slot_id for a padding row, the row's S slot ids)."""
-    check_tensor("state_indices", state_indices, ndim=2, floating=False)
+    (start, end, initial slot or pad_slot_id for a padding row, the row's S slot ids). Errors about the
+    slot table name it `indices_arg`."""
+    check_tensor(indices_arg, state_indices, ndim=2, floating=False)
     Bsz, S = state_indices.shape
     if S < 1:
-        fail("state_indices", "shape (Bsz, num_spec + 1) with num_spec + 1 >= 1", f"shape {tuple(state_indices.shape)}")
+        fail(indices_arg, "shape (Bsz, num_spec + 1) with num_spec + 1 >= 1", f"shape {tuple(state_indices.shape)}")
     check_tensor("query_start_loc", query_start_loc, shape=(Bsz + 1,), floating=False)
     check_tensor("num_accepted_tokens", num_accepted_tokens, shape=(Bsz,), floating=False)
     cu = check_cu_seqlens(query_start_loc, num_tokens, "query_start_loc").tolist()
     lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
     if any(n > S for n in lens):
-        fail("query_start_loc", f"rows of at most num_spec + 1 = {S} tokens (state_indices.shape[1])",
+        fail("query_start_loc", f"rows of at most num_spec + 1 = {S} tokens ({indices_arg}.shape[1])",
              f"row lengths {lens}")
     acc = num_accepted_tokens.detach().to("cpu", torch.int64).tolist()
     bad = [a for a in acc if not 1 <= a <= S]
@@ -66,15 +67,21 @@ def spec_rows(query_start_loc, state_indices, num_accepted_tokens, num_tokens: i
     flat = [s for row in idx for s in row]
     out_of_pool = [s for s in flat if s != pad_slot_id and not 0 <= s < num_slots]
     if out_of_pool:
-        fail("state_indices", f"slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}", out_of_pool)
+        fail(indices_arg, f"slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}", out_of_pool)
     live = [s for s in flat if s != pad_slot_id]
     if len(live) != len(set(live)):
-        fail("state_indices", "distinct slot ids for live entries (over the whole table)", idx)
+        fail(indices_arg, "distinct slot ids for live entries (over the whole table)", idx)
     rows = []
     for b in range(Bsz):
         init = idx[b][acc[b] - 1] if lens[b] > 0 else pad_slot_id
         rows.append((cu[b], cu[b + 1], init, idx[b]))
     return rows
+
+
+def written_slots(rows, pad_slot_id: int = -1) -> list[int]:
+    """The slots a step writes: each live row's slot of every position it has a token for."""
+    return [slots[j] for start, end, init, slots in rows if init != pad_slot_id
+            for j in range(end - start) if slots[j] != pad_slot_id]
 
 
 def _run(pool, rows, pad_slot_id, y, step):
