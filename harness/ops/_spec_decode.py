@@ -75,7 +75,7 @@ def run_on_named_slots(run, pool, query_start_loc, table, num_accepted_tokens, p
     return y
 
 
-def BAD_INPUTS(arg: str) -> tuple:
+def bad_inputs(arg: str) -> tuple:
     """Malformed speculative-decode layouts: (what, argument the error must name, mutate(kwargs))."""
     def _set(name, row, col, value):
         return lambda k: k[name].__setitem__((row, col), value if not callable(value) else value(k))

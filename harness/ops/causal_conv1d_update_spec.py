@@ -91,6 +91,6 @@ SPEC = OpSpec(
         "gpu": [dict(B=64, D=10240, K=4, num_spec=3), dict(B=256, D=10240, K=4, num_spec=1)],
         "contract": [dict(B=2, D=4, K=3, num_spec=2, optional=False)],
     },
-    bad_inputs=(("kernel width 9", "weight", _width9),) + SD.BAD_INPUTS("conv_state_indices"),
+    bad_inputs=(("kernel width 9", "weight", _width9),) + SD.bad_inputs("conv_state_indices"),
     doc=__doc__,
 )

@@ -23,7 +23,7 @@ from harness.ops import _checks as ck
 from harness.ops import _inputs as I
 from harness.ops import _spec_decode as SD
 from harness.ops.selective_scan_varlen import _bad_groups
-from harness.ops.selective_state_update import check_layout
+from harness.ops.selective_state_update import _bad_d, check_layout
 from harness.ops.spec import OpSpec
 
 
@@ -66,12 +66,10 @@ def inputs(shape, dtype, device, gen):
     full = shape.get("optional", True)
     pdt = I.pool_dtype(shape, dtype, dtype)
     lay = SD.layout(shape, device)
-    T = lay["T"]
-    slots = lay.pop("num_slots")
-    del lay["T"]
+    T, slots = lay["T"], lay["num_slots"]
     common = dict(B=I.rand(gen, device, T, G, N, dtype=dtype), C=I.rand(gen, device, T, G, N, dtype=dtype),
-                  dt_softplus=full, **{("state_batch_indices" if k == "state_indices" else k): v
-                                       for k, v in lay.items()})
+                  dt_softplus=full, query_start_loc=lay["query_start_loc"], state_batch_indices=lay["state_indices"],
+                  num_accepted_tokens=lay["num_accepted_tokens"])
     if shape["layout"] == "mamba1":
         Dm = shape["Dm"]
         return dict(state=I.rand(gen, device, slots, Dm, N, dtype=pdt), x=I.rand(gen, device, T, Dm, dtype=dtype),
@@ -99,10 +97,6 @@ def flops(inp):
     return 6 * inp["x"].shape[0] * inp["state"][0].numel()
 
 
-def _bad_d(k):
-    k["D"] = torch.randn(5 if k["state"].dim() == 4 else k["x"].shape[1] + 1, device=k["x"].device)
-
-
 SPEC = OpSpec(
     name="selective_state_update_spec",
     args=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "query_start_loc", "state_batch_indices",
@@ -121,6 +115,6 @@ SPEC = OpSpec(
                      dict(layout="mamba1", B=2, Dm=4, N=3, G=1, num_spec=2, optional=False)],
     },
     bad_inputs=(("B with a group count not dividing", "B", _bad_groups),
-                ("D of wrong shape", "D", _bad_d)) + SD.BAD_INPUTS("state_batch_indices"),
+                ("D of wrong shape", "D", _bad_d)) + SD.bad_inputs("state_batch_indices"),
     doc=__doc__,
 )
