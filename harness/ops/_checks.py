@@ -167,3 +167,24 @@ def check_pool(arg, pool, slot_shape):
         want = ", ".join(str(s) for s in slot_shape)
         fail(arg, f"shape (num_slots, {want})", f"shape {tuple(pool.shape)}")
     check_disjoint_slots(arg, pool)
+
+
+def check_spec_decode(query_start_loc, indices_arg, state_indices, num_accepted_tokens, num_tokens, num_slots,
+                      pad_slot_id):
+    """The multi-token decode layout (reference.spec_decode): query_start_loc (Bsz+1,) over the packed tokens,
+    `indices_arg` (Bsz, num_spec + 1) slot ids per position, num_accepted_tokens (Bsz,) in 1..num_spec+1; rows
+    of at most num_spec + 1 tokens; live slot ids in the pool and distinct over the whole table. The host-side
+    value checks are skipped inside `no_index_checks()`. Returns (Bsz, num_spec + 1)."""
+    from reference.spec_decode import spec_rows
+    check_pad_slot_id(pad_slot_id)
+    check_qsl(query_start_loc, num_tokens)
+    Bsz = query_start_loc.numel() - 1
+    check_tensor(indices_arg, state_indices, ndim=2, dtypes=INT_DTYPES)
+    if state_indices.shape[0] != Bsz or state_indices.shape[1] < 1:
+        fail(indices_arg, f"shape ({Bsz}, num_spec + 1) (one row per query_start_loc row)",
+             f"shape {tuple(state_indices.shape)}")
+    check_tensor("num_accepted_tokens", num_accepted_tokens, shape=(Bsz,), dtypes=INT_DTYPES)
+    if index_checks_on():
+        spec_rows(query_start_loc, state_indices, num_accepted_tokens, num_tokens, num_slots, pad_slot_id,
+                  indices_arg)
+    return Bsz, state_indices.shape[1]

@@ -22,6 +22,17 @@ from reference.validate import check_tensor, fail
 def validate_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices,
                                     dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None):
     """Returns ("mamba1", Bsz, Dm, N, G) or ("mamba2", Bsz, H, P, N, G)."""
+    layout = check_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_limit)
+    ck.check_indices("state_batch_indices", state_batch_indices, layout[1], state.shape[0], pad_slot_id)
+    ck.same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                   state_batch_indices=state_batch_indices)
+    ck.check_out(out, tuple(x.shape), x.dtype, x.device)
+    return layout
+
+
+def check_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_limit):
+    """The state pool and the per-row tensors (first dim: rows, or packed tokens for the multi-token
+    decode) of either layout. Returns ("mamba1", rows, Dm, N, G) or ("mamba2", rows, H, P, N, G)."""
     check_tensor("state", state, dtypes=ck.ACT_DTYPES)
     if state.dim() == 3:
         _, Dm, N = state.shape
@@ -53,10 +64,6 @@ def validate_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_
     ck.check_disjoint_slots("state", state)
     G, _ = ck.check_bc(B, C, Bsz, chans, what, N)
     ck.check_dt_limit(dt_limit)
-    ck.check_indices("state_batch_indices", state_batch_indices, Bsz, state.shape[0], pad_slot_id)
-    ck.same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                   state_batch_indices=state_batch_indices)
-    ck.check_out(out, tuple(x.shape), x.dtype, x.device)
     return layout + (G,)
 
 

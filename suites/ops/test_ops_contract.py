@@ -47,7 +47,7 @@ def _mutations():
             m.append((case, "slot id past the pool", i, lambda k, i=i, p=p: k[i].__setitem__(0, k[p].shape[0])))
             m.append((case, "negative slot id (not pad)", i, lambda k, i=i: k[i].__setitem__(0, -2)))
             m.append((case, "float slot ids", i, lambda k, i=i: k.__setitem__(i, k[i].float())))
-            m.append((case, "duplicate live slots", i, lambda k, i=i: k[i].__setitem__(1, int(k[i][0]))))
+            m.append((case, "duplicate live slots", i, lambda k, i=i: k[i].__setitem__(1, k[i][0].clone())))
         if sp.varlen:
             T = lambda k: int(k["query_start_loc"][-1])  # noqa: E731
             m.append((case, "query_start_loc ends before T", "query_start_loc",
@@ -61,6 +61,7 @@ def _mutations():
             # found by the fuzz test: the offsets were read on the host before their device was checked
             m.append((case, "query_start_loc on the meta device", "query_start_loc",
                       lambda k: k.__setitem__("query_start_loc", k["query_start_loc"].to("meta"))))
+        if "has_initial_state" in sp.args:
             m.append((case, "has_initial_state not bool", "has_initial_state",
                       lambda k: k.__setitem__("has_initial_state", k["has_initial_state"].int())))
         if sp.index:

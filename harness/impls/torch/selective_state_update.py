@@ -26,25 +26,31 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     idx, live, safe = slots(state_batch_indices, pad_slot_id)
     st = gather_init(state, safe, live, cd)
     d = effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd)
-    xs, Bc, Cc, Dc, zc = up(x, cd), up(B, cd), up(Cm, cd), up(D, cd), up(z, cd)
+    y, new = step(layout, st, d, up(x, cd), up(B, cd), up(Cm, cd), up(D, cd), up(z, cd), A.to(cd))
+    scatter_final(state, idx, live, new)
+    return emit(y, x, out)
+
+
+def step(layout, st, d, xs, Bc, Cc, Dc, zc, A):
+    """One decode token per row in the compute dtype: (y, new_state) from the states `st` (rows first),
+    the effective dt `d`, x, B, C, D, z, A (already cast)."""
     if layout[0] == "mamba1":
-        _, Bsz, Dm, N, G = layout
-        Bg = Bc.repeat_interleave(Dm // G, dim=1)  # (B, Dm, N)
+        Dm, G = layout[2], layout[4]
+        Bg = Bc.repeat_interleave(Dm // G, dim=1)  # (rows, Dm, N)
         Cg = Cc.repeat_interleave(Dm // G, dim=1)
-        new = torch.exp(d[:, :, None] * A.to(cd)) * st + (d * xs)[:, :, None] * Bg
+        new = torch.exp(d[:, :, None] * A) * st + (d * xs)[:, :, None] * Bg
         y = (new * Cg).sum(-1)
         if Dc is not None:
             y = y + Dc * xs
     else:
-        _, Bsz, H, P, N, G = layout
-        Bh = Bc.repeat_interleave(H // G, dim=1)  # (B, H, N)
+        H, G = layout[2], layout[5]
+        Bh = Bc.repeat_interleave(H // G, dim=1)  # (rows, H, N)
         Ch = Cc.repeat_interleave(H // G, dim=1)
-        dA = torch.exp(d * A.to(cd))  # (B, H)
+        dA = torch.exp(d * A)  # (rows, H)
         new = dA[:, :, None, None] * st + (d[:, :, None] * xs)[..., None] * Bh[:, :, None, :]
         y = torch.einsum("bhpn,bhn->bhp", new, Ch)
         if Dc is not None:
             y = y + (Dc[:, None] if Dc.dim() == 1 else Dc) * xs
     if zc is not None:
         y = y * silu(zc)
-    scatter_final(state, idx, live, new)
-    return emit(y, x, out)
+    return y, new
