@@ -208,7 +208,8 @@ def require_nightly_gpu(device: str) -> None:
 
 # Multiples k * tile (k = 1..depth) around which lengths and split points are drawn, per profile.
 TILE_DEPTH = {"ci": 2, "dev": 3, "nightly": 4}
-# The longest tile length drawn when the suite names no cap (GPU suites; a CPU suite passes its own).
+# The longest tile length drawn when the suite names no cap (GPU suites; a CPU suite passes its own), unless
+# a tile is longer: then one past it.
 TILE_CAP = {"ci": 520, "dev": 520, "nightly": 4200}
 
 
@@ -232,14 +233,16 @@ def tiled_seqlens(impl, op: str, *, max_len: int, tile_cap: int | None = None, e
     """Strategy: request lengths as `reference.testing.seqlens(edge_lengths=True, ...)` draws them (empty,
     one-token, odd, up to `max_len`), plus, a third of the time each, a length next to a multiple of one of
     `impl`'s tiles for `op` (`tile_lengths(impl_tiles(impl, op, extra_tiles), tile_cap)`: tile lengths may
-    exceed max_len; `tile_cap` defaults to the profile's TILE_CAP -- CPU suites pass a small one, the Triton
-    interpreter's smaller still).
+    exceed max_len; `tile_cap` defaults to the profile's TILE_CAP, raised to one past the longest tile --
+    CPU suites pass a small one, the Triton interpreter's smaller still).
     `max_total` bounds the sum (a tile length alone may exceed it: the bound is raised to the longest tile
     length, so such a request is drawn alone or with short ones)."""
     from hypothesis import strategies as st
     from reference.testing import seqlens
-    cap = TILE_CAP.get(profile(), 520) if tile_cap is None else tile_cap
-    near = tile_lengths(impl_tiles(impl, op, extra_tiles), cap, depth)
+    tiles = impl_tiles(impl, op, extra_tiles)
+    # without a cap every declared tile is crossed at least once (mamba_ssm's 2048-token chunks included)
+    cap = max([TILE_CAP.get(profile(), 520)] + [t + 1 for t in tiles]) if tile_cap is None else tile_cap
+    near = tile_lengths(tiles, cap, depth)
     if not near:
         return seqlens(edge_lengths=True, min_seqs=min_seqs, max_seqs=max_seqs, max_len=max_len, max_total=max_total)
     usual = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7]), st.integers(0, max_len))

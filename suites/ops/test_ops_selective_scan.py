@@ -195,3 +195,13 @@ def test_tile_lengths_straddle_every_multiple():
     draws()
     assert seen & {63, 64, 65} and seen & set(range(11)), f"lengths drawn: {sorted(seen)}"
     assert cuts & {63, 64, 65, 127, 128, 129}, f"split points drawn: {sorted(cuts)}"
+
+
+def test_impl_tiles_are_validated():
+    """`Impl.tiles` names ops the implementation provides, each with positive integer tile lengths."""
+    base = registry.get("torch")
+    for tiles in ({"kda_update": (4,)}, {OP: ()}, {OP: (0,)}, {OP: (8.0,)}):
+        bad = dataclasses.replace(base, name="tiles-check", ops={OP: base.ops[OP]}, tiles=tiles)
+        with pytest.raises(ValueError, match=r"impl.tiles: expected"):
+            registry.register(bad)
+    assert "tiles-check" not in registry.all_impls()
