@@ -62,6 +62,12 @@ class Impl:
     fp32_matmul: str = "ieee"
     # Returns None when usable, else the reason it is not (e.g. "package mamba_ssm not importable").
     unavailable: Callable[[], str | None] = field(default=lambda: None)
+    # Internal token tiles per op: op name -> the token lengths across which the implementation carries
+    # state from one piece of a sequence to the next (chunk sizes of a chunked scan, block lengths of a
+    # kernel's token loop, a peer's fixed chunk). Suites draw lengths and split points on both sides of
+    # every multiple of them (`harness.testing.optest.tiled_seqlens`). Ops whose tile is an argument
+    # (ssd_varlen's `chunk_size`) need no entry: the suites add the argument.
+    tiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def supports(self, device: str) -> bool:
         return device.split(":")[0] in self.devices
@@ -122,6 +128,11 @@ def register(impl: Impl, replace: bool = False) -> Impl:
     bad = [d for d in impl.devices if d not in DEVICE_KINDS]
     if bad:
         raise ValueError(f"impl.devices: expected entries of {DEVICE_KINDS}, got {bad}")
+    bad_tiles = {op: t for op, t in impl.tiles.items()
+                 if op not in impl.ops or not t or not all(isinstance(n, int) and n >= 1 for n in t)}
+    if bad_tiles:
+        raise ValueError(f"impl.tiles: expected op -> a non-empty tuple of positive ints, for ops the "
+                         f"implementation provides, got {bad_tiles} (implementation {impl.name!r})")
     if impl.name in _REGISTRY and not replace and _REGISTRY[impl.name] is not impl:
         raise ValueError(f"impl.name: expected a name not yet registered, got {impl.name!r} (already registered)")
     _REGISTRY[impl.name] = impl

@@ -21,6 +21,10 @@ Generic pieces (usable for any op of `harness.ops`):
 * `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
   another pool layout (contiguous / page_major / channels_last strided view), for
   `run_pool_case(alt_pools=...)`.
+* `impl_tiles(impl, op, extra)`, `tile_lengths(tiles, cap, depth)`, `tiled_seqlens(impl, op, ...)`,
+  `tiled_split(impl, op, length, ...)`: request lengths and split points drawn on both sides of every
+  multiple of the implementation's internal token tiles (`Impl.tiles`: chunk sizes, block lengths it carries
+  state across), mixed with the usual lengths; deeper (more multiples) in the nightly profile.
 * `poisoned(t, rows, value)`: a copy of `t` with the given rows set to a non-finite `value`;
   `run_isolation_case(check, impl, op, clean, poisoned, kwargs, ...)`: runs the op on a clean and on a
   poisoned copy of the same batch and checks that the requests the poison must not reach are unchanged
@@ -200,6 +204,63 @@ def require_nightly_gpu(device: str) -> None:
         pytest.skip("needs a GPU: the case allocates > 2^31 elements (several GB)")
     if profile() != "nightly":
         pytest.skip("nightly-profile case (run with --profile nightly)")
+
+
+# Multiples k * tile (k = 1..depth) around which lengths and split points are drawn, per profile.
+TILE_DEPTH = {"ci": 2, "dev": 3, "nightly": 4}
+# The longest tile length drawn when the suite names no cap (GPU suites; a CPU suite passes its own), unless
+# a tile is longer: then one past it.
+TILE_CAP = {"ci": 520, "dev": 520, "nightly": 4200}
+
+
+def impl_tiles(impl, op: str, extra=()) -> tuple[int, ...]:
+    """The token tiles `impl` declares for `op` (`Impl.tiles`) and the `extra` ones (a tile the caller
+    passes as an argument, e.g. ssd_varlen's `chunk_size`), sorted, without None or duplicates."""
+    t = set(getattr(impl, "tiles", {}).get(op, ())) | {int(e) for e in extra if e}
+    return tuple(sorted(t))
+
+
+def tile_lengths(tiles, cap: int, depth: int | None = None) -> list[int]:
+    """k*t - 1, k*t, k*t + 1 for every tile t and k = 1..depth (default: the profile's TILE_DEPTH), the ones
+    in [1, cap], sorted: a length or split that ends just before, at and just after a tile boundary."""
+    depth = TILE_DEPTH.get(profile(), 2) if depth is None else depth
+    vals = {k * t + d for t in tiles for k in range(1, depth + 1) for d in (-1, 0, 1)}
+    return sorted(v for v in vals if 1 <= v <= cap)
+
+
+def tiled_seqlens(impl, op: str, *, max_len: int, tile_cap: int | None = None, extra_tiles=(), min_seqs: int = 1,
+                  max_seqs: int = 4, max_total: int | None = None, depth: int | None = None):
+    """Strategy: request lengths as `reference.testing.seqlens(edge_lengths=True, ...)` draws them (empty,
+    one-token, odd, up to `max_len`), plus, a third of the time each, a length next to a multiple of one of
+    `impl`'s tiles for `op` (`tile_lengths(impl_tiles(impl, op, extra_tiles), tile_cap)`: tile lengths may
+    exceed max_len; `tile_cap` defaults to the profile's TILE_CAP, raised to one past the longest tile --
+    CPU suites pass a small one, the Triton interpreter's smaller still).
+    `max_total` bounds the sum (a tile length alone may exceed it: the bound is raised to the longest tile
+    length, so such a request is drawn alone or with short ones)."""
+    from hypothesis import strategies as st
+    from reference.testing import seqlens
+    tiles = impl_tiles(impl, op, extra_tiles)
+    # without a cap every declared tile is crossed at least once (mamba_ssm's 2048-token chunks included)
+    cap = max([TILE_CAP.get(profile(), 520)] + [t + 1 for t in tiles]) if tile_cap is None else tile_cap
+    near = tile_lengths(tiles, cap, depth)
+    if not near:
+        return seqlens(edge_lengths=True, min_seqs=min_seqs, max_seqs=max_seqs, max_len=max_len, max_total=max_total)
+    usual = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7]), st.integers(0, max_len))
+    length = st.one_of(usual, usual, st.sampled_from(near))
+    s = st.lists(length, min_size=min_seqs, max_size=max_seqs)
+    if max_total is not None:
+        bound = max(max_total, max(near))
+        s = s.filter(lambda ls: sum(ls) <= bound)
+    return s
+
+
+def tiled_split(impl, op: str, length: int, extra_tiles=(), depth: int | None = None):
+    """Strategy: a split point in [0, length] (a chunked-prefill boundary), half the time next to a multiple
+    of one of `impl`'s tiles for `op` (see `tile_lengths`), else anywhere."""
+    from hypothesis import strategies as st
+    near = tile_lengths(impl_tiles(impl, op, extra_tiles), length, depth)
+    anywhere = st.integers(0, max(0, length))
+    return st.one_of(anywhere, st.sampled_from(near)) if near else anywhere
 
 
 NONFINITE = (float("nan"), float("inf"), float("-inf"))

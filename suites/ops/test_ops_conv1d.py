@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.testing.optest import ALL_DTYPES, interp_small, other_layout_pool, randn, require, require_nightly_gpu, run_pool_case, token_mask
-from reference.testing import cu_seqlens_from, gen, seqlens
+from harness.testing.optest import ALL_DTYPES, interp_small, tiled_seqlens, other_layout_pool, randn, require, require_nightly_gpu, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen
 from harness.testing import CONV_LAYOUTS, choose_slots, make_pool
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
@@ -15,7 +15,9 @@ seeds = st.integers(0, 2**31 - 1)
 
 
 def _conv_case(data, impl, device, dtype, small):
-    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=10 if small else 40), label="lengths")
+    # the usual lengths, or next to a multiple of the implementation's row block (`tiled_seqlens`)
+    lengths = data.draw(tiled_seqlens(impl, "causal_conv1d_varlen", max_seqs=3 if small else 5,
+                                      max_len=10 if small else 40, tile_cap=10 if small else None), label="lengths")
     D = data.draw(st.sampled_from([1, 3, 5, 16] if small else [1, 3, 7, 33, 64]), label="D")
     K = data.draw(st.sampled_from([2, 3, 4, 5, 8]), label="K")
     seed = data.draw(seeds, label="seed")

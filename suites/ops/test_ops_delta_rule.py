@@ -15,8 +15,8 @@ from hypothesis import given, strategies as st
 
 from harness import ops as DC
 from harness.testing.checks import assert_bitwise_equal, poison_, tolerance_for
-from harness.testing.optest import ALL_DTYPES, coarser, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
-from reference.testing import cu_seqlens_from, gen, seqlens
+from harness.testing.optest import ALL_DTYPES, coarser, interp_small, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
+from reference.testing import cu_seqlens_from, gen
 from harness.impls.torch import delta_rule as TD
 from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool, strict_op
 from reference import delta_rule as R
@@ -145,10 +145,18 @@ def activations(kind, g_, rows, Hk, H, K, V, dtype, device, use_qk_l2norm, stron
     return q, k, v, g, beta
 
 
-def varlen_case(data, kind, device, dtype, small, *, strong=None):
+def varlen_case(data, kind, device, dtype, small, *, impl=None, strong=None):
+    """A drawn varlen call. Lengths are the usual ones or next to a multiple of the implementation's chunk
+    (`tiled_seqlens`: the drawn `chunk_size` for torch, else its declared tiles), up to 70 tokens on CPU
+    (the Triton interpreter: the usual lengths only)."""
     Hk, H, K, V = dims(data, kind, small)
-    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=4 if small else 6, max_len=20 if small else 300,
-                                   max_total=48 if small else None), label="lengths")
+    cs = data.draw(st.sampled_from([None, 1, 3, 8, 16]), label="chunk_size")
+    torch_cs = cs is not None and impl is not None and impl.name == "torch"
+    interp = impl is not None and interp_small(device, impl)
+    lengths = data.draw(tiled_seqlens(None if torch_cs else impl, NAMES[(kind, "varlen")],
+                                      extra_tiles=(cs,) if torch_cs else (), max_seqs=4 if small else 6,
+                                      max_len=20 if small else 300, tile_cap=(20 if interp else 70) if small else None,
+                                      max_total=48 if small else None), label="lengths")
     seed = data.draw(seeds, label="seed")
     layout = data.draw(st.sampled_from(LAYOUTS), label="layout")
     l2 = data.draw(st.booleans(), label="use_qk_l2norm")
@@ -156,7 +164,6 @@ def varlen_case(data, kind, device, dtype, small, *, strong=None):
     strong = data.draw(st.booleans(), label="strong") if strong is None else strong
     gb_dtype = data.draw(st.sampled_from([torch.float32, dtype]), label="g_beta_dtype")
     pool_dtype = data.draw(st.sampled_from([torch.float32, dtype]), label="pool_dtype")
-    cs = data.draw(st.sampled_from([None, 1, 3, 8, 16]), label="chunk_size")
     extra = data.draw(st.integers(0, 2), label="extra_slots")
     rng = random.Random(seed)
     S, T = len(lengths), sum(lengths)
@@ -184,7 +191,7 @@ def test_varlen_matches_reference(impl, kind, dtype, device, check, data):
     `out=` (NaN-poisoned) written and returned, pads' and unnamed slots bitwise unchanged; the same call on
     a pool of the other layout (same slot contents) matches the reference the same way."""
     op = op_of(impl, kind, "varlen", dtype)
-    args, kw, slots, mask, shapes, seed, layout, cs = varlen_case(data, kind, device, dtype, _small(device))
+    args, kw, slots, mask, shapes, seed, layout, cs = varlen_case(data, kind, device, dtype, _small(device), impl=impl)
     alt = other_layout_pool(args[5], layout, seed=seed)
     for pool in (args[5], alt):
         a = list(args)
@@ -229,10 +236,15 @@ def test_prefill_then_decode_equals_one_prefill(impl, kind, device, check, data)
     _, varlen = op_of(impl, kind, "varlen", torch.float32)
     _, update = op_of(impl, kind, "update", torch.float32)
     Hk, H, K, V = dims(data, kind, True)
-    L0 = data.draw(st.integers(0, 20), label="prefix")
+    cs = data.draw(st.sampled_from([None, 4]), label="chunk_size")
+    # the prefill/decode boundary anywhere (up to 20 tokens under the Triton interpreter, else 130), half
+    # the time next to a multiple of the prefill's chunk (`tiled_split`)
+    torch_cs = cs is not None and impl.name == "torch"
+    L0 = data.draw(tiled_split(None if torch_cs else impl, NAMES[(kind, "varlen")],
+                               20 if interp_small(device, impl) else 130, extra_tiles=(cs,) if torch_cs else ()),
+                   label="prefix")
     n = data.draw(st.integers(1, 4), label="decode_steps")
     seed = data.draw(seeds, label="seed")
-    cs = data.draw(st.sampled_from([None, 4]), label="chunk_size")
     q, k, v, g, beta = activations(kind, gen(seed), L0 + n, Hk, H, K, V, torch.float32, device, True, False)
     pool = make_pool(3, (H, V, K), torch.float32, device, layout="page_major", seed=seed)
     slot = torch.tensor([1], dtype=torch.int32, device=device)
@@ -260,7 +272,7 @@ def test_varlen_strong_decay_is_finite(impl, kind, dtype, device, check, data):
     """With decays down to g = -30 per token (pairwise decays underflow to 0 inside a chunk), outputs and
     final states stay finite (masked exponents, no inf * 0) and equal the reference."""
     op = op_of(impl, kind, "varlen", dtype)
-    args, kw, slots, mask, shapes, seed, _, cs = varlen_case(data, kind, device, dtype, _small(device), strong=True)
+    args, kw, slots, mask, shapes, seed, _, cs = varlen_case(data, kind, device, dtype, _small(device), impl=impl, strong=True)
     with chunk_size(kind, cs, impl):
         o = run_case(check, kind, op, oracle_varlen, args, kw, pool_pos=5, live_slots=slots,
                      y_mask=mask, dtype=dtype, seed=seed, shapes=shapes, impl=impl)

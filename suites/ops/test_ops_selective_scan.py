@@ -1,12 +1,15 @@
 """Op suite: selective_scan_varlen (Mamba-1 prefill over packed sequences), every implementation x
 dtype against the float64 oracle."""
+import dataclasses
 import random
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
-from harness.testing.optest import ALL_DTYPES, interp_small, other_layout_pool, rand, randn, require, require_nightly_gpu, run_pool_case, token_mask
+from harness.impls import registry
+
+from harness.testing.optest import ALL_DTYPES, impl_tiles, interp_small, tile_lengths, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, require, require_nightly_gpu, run_pool_case, token_mask
 from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.testing import LAYOUTS, choose_slots, make_pool
 
@@ -15,9 +18,20 @@ OP = "selective_scan_varlen"
 seeds = st.integers(0, 2**31 - 1)
 
 
-def _case(data, device, dtype, small):
-    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=12 if small else 40,
-                                   max_total=24 if small else None), label="lengths")
+def tile_cap(impl, device) -> int | None:
+    """The longest length drawn next to a tile: two interpreter pieces (8 tokens) for Triton on CPU, two
+    torch chunks (64) on CPU, the profile's cap (harness.testing.optest.TILE_CAP) on a GPU."""
+    if interp_small(device, impl):
+        return 17
+    return 129 if device.startswith("cpu") else None
+
+
+def _case(data, impl, device, dtype, small, lengths=None):
+    """A drawn call; `lengths` overrides the request-length strategy (default: `tiled_seqlens`)."""
+    if lengths is None:
+        lengths = tiled_seqlens(impl, OP, max_seqs=3 if small else 5, max_len=12 if small else 40,
+                                tile_cap=tile_cap(impl, device), max_total=24 if small else None)
+    lengths = data.draw(lengths, label="lengths")
     seed = data.draw(seeds, label="seed")
     stress = data.draw(st.booleans(), label="stress")
     Dm = data.draw(st.sampled_from([1, 3, 5, 16] if small else [1, 3, 5, 16, 33, 64]), label="Dm")
@@ -60,10 +74,11 @@ def test_selective_scan_matches_oracle(impl, device, check, dtype, data):
     n_groups in {1, 2, Dm}; odd Dm and N; D, z, delta_bias and softplus on/off; realistic and stress
     inputs; fp32 or activation-dtype pools, contiguous or page-major) matches the float64 oracle on
     live tokens and live slots; pad/unnamed slots stay bitwise unchanged; `out=` is written and
-    returned; the same call on a pool in the other layout passes the same checks. Lengths stay <= 40, where the
-    dtype policies hold without widening."""
+    returned; the same call on a pool in the other layout passes the same checks. Lengths are <= 40, where the
+    dtype policies hold without widening, or next to a multiple of the implementation's tiles (a state
+    carried across its chunks or pieces)."""
     require(impl, OP, dtype)
-    args, kw, slots, mask, shapes, seed, lay = _case(data, device, dtype, interp_small(device, impl))
+    args, kw, slots, mask, shapes, seed, lay = _case(data, impl, device, dtype, interp_small(device, impl))
     alt = other_layout_pool(args[8], lay, seed)
     run_pool_case(check, impl, OP, args, kw, pool_pos=8, live_slots=slots, y_mask=mask, dtype=dtype,
                   seed=seed, shapes=shapes, alt_pools=(alt,))
@@ -97,3 +112,96 @@ def test_selective_scan_offsets_past_2_31(impl, device, check):
     check.close("y[last sequence]", y[-tail:], y_ref, op=OP, impl=impl.name, dtype=torch.bfloat16,
                 shapes=dict(u=[T, Dm]))
     check.close("pool[1]", pool[1], p_ref[0], op=OP, impl=impl.name, dtype=torch.float32, shapes=dict(u=[T, Dm]))
+
+
+# ----------------------------------------------------------------------------- the planted bug
+
+def _restarts_at_tiles(base):
+    """`base`'s selective scan run on each sequence in pieces of its declared tile (`Impl.tiles`), every piece
+    after the first from a zero state instead of the state carried from the piece before: a kernel that drops
+    its carried state at an internal chunk boundary. Exact for sequences no longer than one tile."""
+    fn, tile = base.ops[OP], base.tiles[OP][0]
+
+    def op(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc, cache_indices, has_initial_state,
+           *, out=None, **kw):
+        from harness import ops
+        ops.validate_selective_scan_varlen(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc,
+                                           cache_indices, has_initial_state, out=out)
+        y = out if out is not None else torch.empty_like(u)
+        q = query_start_loc.tolist()
+        for i in range(len(q) - 1):
+            for p0 in list(range(q[i], q[i + 1], tile)) or [q[i]]:
+                r = slice(p0, min(p0 + tile, q[i + 1]))
+                init = has_initial_state[i:i + 1] if p0 == q[i] else torch.zeros_like(has_initial_state[i:i + 1])
+                qsl = torch.tensor([0, r.stop - r.start], dtype=query_start_loc.dtype, device=u.device)
+                fn(u[r], delta[r], A, B[r], C[r], D, None if z is None else z[r], delta_bias, ssm_states, qsl,
+                   cache_indices[i:i + 1], init, out=y[r], **kw)
+        return y
+    return dataclasses.replace(base, name=f"{base.name}[state dropped every {tile} tokens]", ops={OP: op})
+
+
+def _search(impl, lengths):
+    """Run the suite's case (float32, CPU feature sizes) on `impl` under the CI profile's settings
+    (derandomized, its example count), with request lengths from `lengths`; the first failure or None."""
+    from harness.testing.checker import Checker
+    check = Checker("planted", "cpu")
+    found = []
+
+    @settings(settings.get_profile("ci"), database=None)
+    @given(data=st.data())
+    def run(data):
+        args, kw, slots, mask, shapes, seed, _ = _case(data, impl, "cpu", torch.float32, False, lengths=lengths)
+        run_pool_case(check, impl, OP, args, kw, pool_pos=8, live_slots=slots, y_mask=mask, dtype=torch.float32,
+                      seed=seed, shapes=shapes)
+    try:
+        run()
+    except AssertionError as e:
+        found.append(e)
+    return found[0] if found else None
+
+
+def test_state_dropped_at_a_tile_boundary_is_caught_only_by_tiled_lengths():
+    """The planted scan that restarts from a zero state every 64 tokens (the torch scan's declared tile):
+    the suite's former length strategy (`seqlens(edge_lengths=True, max_seqs=5, max_len=40)`) never draws a
+    request longer than 40 tokens, so at the CI profile's example count (8, derandomized) it finds nothing --
+    measured: 0 failures in its 8 examples, and none possible at any count; `tiled_seqlens` (lengths 63, 64,
+    65, 127, 128, 129 mixed in) fails it within the same 8 examples. The unbroken scan passes the same search."""
+    broken = _restarts_at_tiles(registry.get("torch"))
+    old = seqlens(edge_lengths=True, max_seqs=5, max_len=40)
+    assert _search(broken, old) is None, "the former length strategy was expected to miss the planted bug"
+    err = _search(broken, None)
+    assert err is not None, "tiled_seqlens did not catch a scan that drops its state at its tile boundary"
+    assert "selective_scan_varlen" in str(err)
+    assert _search(registry.get("torch"), None) is None
+
+
+def test_tile_lengths_straddle_every_multiple():
+    """Lengths next to k * tile for k = 1..depth, both sides, capped; split points likewise."""
+    assert tile_lengths((8,), cap=100, depth=2) == [7, 8, 9, 15, 16, 17]
+    assert tile_lengths((8, 3), cap=8, depth=2) == [2, 3, 4, 5, 6, 7, 8]
+    assert tile_lengths((), cap=100) == []
+    t = registry.get("torch")
+    assert impl_tiles(t, OP) == (64,) and impl_tiles(t, OP, extra=(16, None)) == (16, 64)
+    assert impl_tiles(t, "causal_conv1d_varlen") == ()
+
+    @settings(max_examples=60, derandomize=True, database=None)
+    @given(ls=tiled_seqlens(t, OP, max_len=10, tile_cap=70, max_seqs=3), cut=tiled_split(t, OP, 130))
+    def draws(ls, cut):
+        assert all(0 <= n <= 10 or n in (63, 64, 65) for n in ls)
+        assert 0 <= cut <= 130
+        seen.update(ls)
+        cuts.add(cut)
+    seen, cuts = set(), set()
+    draws()
+    assert seen & {63, 64, 65} and seen & set(range(11)), f"lengths drawn: {sorted(seen)}"
+    assert cuts & {63, 64, 65, 127, 128, 129}, f"split points drawn: {sorted(cuts)}"
+
+
+def test_impl_tiles_are_validated():
+    """`Impl.tiles` names ops the implementation provides, each with positive integer tile lengths."""
+    base = registry.get("torch")
+    for tiles in ({"kda_update": (4,)}, {OP: ()}, {OP: (0,)}, {OP: (8.0,)}):
+        bad = dataclasses.replace(base, name="tiles-check", ops={OP: base.ops[OP]}, tiles=tiles)
+        with pytest.raises(ValueError, match=r"impl.tiles: expected"):
+            registry.register(bad)
+    assert "tiles-check" not in registry.all_impls()

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from harness.testing.checks import assert_bitwise_equal, poison_
-from harness.testing.optest import ALL_DTYPES, coarser, other_layout_pool, rand, randn, read_only_inputs, require, require_nightly_gpu, run_pool_case, token_mask
-from reference.testing import cu_seqlens_from, gen, seqlens
+from harness.testing.optest import ALL_DTYPES, coarser, interp_small, tiled_seqlens, other_layout_pool, rand, randn, read_only_inputs, require, require_nightly_gpu, run_pool_case, token_mask
+from reference.testing import cu_seqlens_from, gen
 from harness.impls.reference_impl import oracle
 from harness.testing import LAYOUTS, choose_slots, make_pool, strict_op
 
@@ -45,12 +45,14 @@ def _dims(data, small):
     return H, G, P, N, chunk
 
 
-def ssd_case(data, device, dtype, small, *, stress=None, layout=None, tail=False):
+def ssd_case(data, device, dtype, small, *, impl=None, stress=None, layout=None, tail=False):
     """A drawn ssd_varlen call: (args, kwargs, slots, token mask, shapes, seed, layout). With `tail`,
-    one more live request (1..) is appended after the drawn ones."""
+    one more live request (1..) is appended after the drawn ones. Lengths are the usual ones or next to a
+    multiple of the chunk size (and of `impl`'s declared tiles: `tiled_seqlens`); on CPU up to two chunks."""
     H, G, P, N, chunk = _dims(data, small)
-    lengths = data.draw(seqlens(edge_lengths=True, max_seqs=3 if small else 5, max_len=20 if small else 150,
-                                   max_total=(30 if tail else 48) if small else None), label="lengths")
+    lengths = data.draw(tiled_seqlens(impl, OP, extra_tiles=(chunk,), max_seqs=3 if small else 5,
+                                      max_len=20 if small else 150, tile_cap=2 * chunk + 1 if small else None,
+                                      max_total=(30 if tail else 48) if small else None), label="lengths")
     if tail:
         lengths = lengths + [data.draw(st.integers(1, 18 if small else 200), label="tail_length")]
     seed = data.draw(seeds, label="seed")
@@ -113,7 +115,7 @@ def test_ssd_varlen_matches_oracle(impl, device, check, dtype, data):
 
 
 def _matches_oracle(impl, device, check, dtype, data):
-    args, kw, slots, mask, shapes, seed, layout = ssd_case(data, device, dtype, _small(device))
+    args, kw, slots, mask, shapes, seed, layout = ssd_case(data, device, dtype, _small(device), impl=impl)
     alt = other_layout_pool(args[9], layout, seed=seed)
     run_pool_case(check, impl, OP, args, kw, pool_pos=9, live_slots=slots, y_mask=mask, dtype=dtype, seed=seed,
                   shapes=shapes, alt_pools=(alt,))
@@ -125,7 +127,7 @@ def test_ssd_varlen_stress_is_finite(impl, device, check, dtype, data):
     """With large |A| (A = -exp(U(0, 6))) and dt clamped at both dt_limit ends, every live output and
     final state is finite (no exp overflow of segment sums, bug class 6) and equals the oracle."""
     require(impl, OP, dtype)
-    args, kw, slots, mask, shapes, seed, _ = ssd_case(data, device, dtype, _small(device),
+    args, kw, slots, mask, shapes, seed, _ = ssd_case(data, device, dtype, _small(device), impl=impl,
                                                       stress=True)
     y, pool = run_pool_case(check, impl, OP, args, kw, pool_pos=9, live_slots=slots, y_mask=mask,
                             dtype=dtype, seed=seed, shapes=shapes)
@@ -141,7 +143,7 @@ def test_ssd_varlen_batch_invariance(impl, device, check, dtype, data):
     request run alone (its own initial state) equals the same request at the end of a packed batch,
     where it starts mid-chunk of the packed stream (bug classes 4 and 5)."""
     require(impl, OP, dtype)
-    args, kw, slots, mask, shapes, seed, _ = ssd_case(data, device, dtype, _small(device),
+    args, kw, slots, mask, shapes, seed, _ = ssd_case(data, device, dtype, _small(device), impl=impl,
                                                       stress=False, layout="contiguous", tail=True)
     lengths = shapes["lengths"]
     T0 = sum(lengths[:-1])

@@ -151,4 +151,6 @@ register(Impl(name="mamba_ssm", devices=("cuda",), dtypes=(torch.float32, torch.
               description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm)"))
 register(Impl(name="mamba_ssm_cuda", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
               ops={"selective_scan_varlen": selective_scan_varlen}, unavailable=_cuda_scan_unavailable,
+              # selective_scan_fn's CUDA kernel walks a sequence in chunks of 2048 tokens, carrying the state
+              tiles={"selective_scan_varlen": (2048,)},
               description="mamba_ssm CUDA selective_scan_fn, one call per sequence"))
