@@ -1,8 +1,9 @@
 """Argument checks shared by the op validators (private to `harness.ops`).
 
 Every check raises ValueError naming (argument, expected, got) through `reference.validate.fail`.
-Index range checks read indices on the host; inside `no_index_checks()` (CUDA-graph capture, the
-benchmark loop) they are skipped.
+Index range checks read indices on the host (one device->host transfer per call: a varlen op's offsets
+and slot ids travel together); inside `no_index_checks()` (CUDA-graph capture, the benchmark loop) they
+are skipped. Validators run before every eager call, so the success path builds no message.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 
 import torch
 
-from reference.validate import check_cu_seqlens, check_tensor, fail
+from reference.validate import check_offsets, check_tensor, fail
 
 PAD_SLOT_ID = -1
 INF = math.inf
@@ -48,14 +49,43 @@ def same_device(**tensors):
             fail(k, f"a tensor on {dev} (same device as {first})", f"a tensor on {t.device}")
 
 
-def check_qsl(query_start_loc, num_tokens, arg="query_start_loc"):
-    """query_start_loc: int32/int64 (S+1,), starts at 0, non-decreasing, ends at T. Returns S."""
+def read_host(*tensors) -> list[list]:
+    """The values of 1-dim integer tensors as lists of ints, with one device->host transfer for all of them
+    (on the CPU each is read as it is)."""
+    if len(tensors) == 1 or tensors[0].device.type == "cpu":
+        return [t.tolist() for t in tensors]
+    flat = torch.cat(tensors).tolist()  # int32 and int64 together promote to int64
+    out, i = [], 0
+    for t in tensors:
+        n = t.shape[0]
+        out.append(flat[i:i + n])
+        i += n
+    return out
+
+
+def check_qsl(query_start_loc, num_tokens, arg="query_start_loc", values=None):
+    """query_start_loc: int32/int64 (S+1,), starts at 0, non-decreasing, ends at T. Returns S.
+    `values`: its entries already read to the host (else they are read here)."""
     check_tensor(arg, query_start_loc, ndim=1, dtypes=INT_DTYPES)
-    if index_checks_on():
-        check_cu_seqlens(query_start_loc, num_tokens, arg)
-    elif query_start_loc.numel() < 2:
-        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.numel()} entries")
-    return query_start_loc.numel() - 1
+    if _INDEX_CHECKS[-1]:
+        check_offsets(arg, query_start_loc.tolist() if values is None else values, num_tokens)
+    elif query_start_loc.shape[0] < 2:
+        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.shape[0]} entries")
+    return query_start_loc.shape[0] - 1
+
+
+def check_qsl_indices(query_start_loc, num_tokens, arg, idx, num_slots, pad_slot_id):
+    """`check_qsl` then `check_indices(arg, idx, S, ...)`, in that order, with both tensors' values read to
+    the host in one transfer when both are well-formed. Returns S."""
+    qv = iv = None
+    if _INDEX_CHECKS[-1] and isinstance(query_start_loc, torch.Tensor) and isinstance(idx, torch.Tensor) \
+            and query_start_loc.dim() == 1 and idx.dim() == 1 and idx.shape[0] == query_start_loc.shape[0] - 1 \
+            and query_start_loc.dtype in INT_DTYPES and idx.dtype in INT_DTYPES \
+            and not query_start_loc.is_meta and query_start_loc.device == idx.device:
+        qv, iv = read_host(query_start_loc, idx)
+    S = check_qsl(query_start_loc, num_tokens, values=qv)
+    check_indices(arg, idx, S, num_slots, pad_slot_id, values=iv)
+    return S
 
 
 def _is_int(v) -> bool:
@@ -71,21 +101,22 @@ def check_pad_slot_id(pad_slot_id):
         fail("pad_slot_id", "an int (default -1)", repr(pad_slot_id))
 
 
-def check_indices(arg, idx, n, num_slots, pad_slot_id):
-    """Slot ids: (n,) int, each in [0, num_slots) or the pad id, live ones distinct."""
-    check_pad_slot_id(pad_slot_id)
+def check_indices(arg, idx, n, num_slots, pad_slot_id, values=None):
+    """Slot ids: (n,) int, each in [0, num_slots) or the pad id, live ones distinct. `values`: the ids
+    already read to the host (else they are read here)."""
+    if type(pad_slot_id) is not int:
+        check_pad_slot_id(pad_slot_id)
     check_tensor(arg, idx, shape=(n,), dtypes=INT_DTYPES)
-    if idx.device.type == "meta":
-        fail(arg, "slot ids on a real device", "a tensor on the meta device")
-    if index_checks_on() and n:
-        i = idx.detach().to("cpu", torch.int64)
-        bad = (i != pad_slot_id) & ((i < 0) | (i >= num_slots))
-        if bool(bad.any()):
+    if _INDEX_CHECKS[-1] and n:
+        ids = idx.tolist() if values is None else values
+        live = set(ids)
+        live.discard(pad_slot_id)
+        if live and (min(live) < 0 or max(live) >= num_slots):
+            bad = [p for p, v in enumerate(ids) if v != pad_slot_id and not 0 <= v < num_slots]
             fail(arg, f"slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}",
-                 f"{i[bad].tolist()} at positions {bad.nonzero().flatten().tolist()}")
-        live = i[i != pad_slot_id]
-        if live.numel() != live.unique().numel():
-            fail(arg, "distinct slot ids for live requests", i.tolist())
+                 f"{[ids[p] for p in bad]} at positions {bad}")
+        if len(live) != n - ids.count(pad_slot_id):
+            fail(arg, "distinct slot ids for live requests", ids)
 
 
 def check_flags(arg, flags, n):
