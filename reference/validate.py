@@ -36,9 +36,10 @@ def check_tensor(arg: str, t, ndim: int | None = None, shape: Sequence | None = 
         if len(got) != len(shape):
             fail(arg, f"{len(shape)} dims" + (f" of shape {_shape_str(shape)}" if shape else ""),
                  f"shape {tuple(got)}")
-        for i, want in enumerate(shape):
-            if want is not None and want != got[i]:
-                fail(arg, f"shape {_shape_str(shape)} (dim {i} = {want})", f"shape {tuple(got)}")
+        if None in shape or got != shape:  # one comparison when every size is given and matches
+            for i, want in enumerate(shape):
+                if want is not None and want != got[i]:
+                    fail(arg, f"shape {_shape_str(shape)} (dim {i} = {want})", f"shape {tuple(got)}")
     elif ndim is not None and t.dim() != ndim:
         fail(arg, f"{ndim} dims", f"shape {tuple(t.shape)}")
     if floating is True and not t.is_floating_point():
@@ -46,7 +47,7 @@ def check_tensor(arg: str, t, ndim: int | None = None, shape: Sequence | None = 
     if floating is False and t.is_floating_point():
         fail(arg, "an integer tensor", f"dtype {t.dtype}")
     if dtypes is not None:
-        if not isinstance(dtypes, (tuple, list, frozenset, set)):
+        if type(dtypes) is not tuple:  # any iterable; read once
             dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
             fail(arg, f"dtype in {[str(d) for d in dtypes]}", f"dtype {t.dtype}")
