@@ -37,7 +37,8 @@ def test_out_of_range_named_with_positions(n, device):
     idx[1] = n + 1
     idx[-1] = -2
     msg = _error(ck.check_indices, "idx", idx, n, n + 1, -1)
-    assert msg == f"idx: expected slot ids in [0, {n + 1}) or pad_slot_id=-1, got [{n + 1}, -2] at positions [1, {n - 1}]"
+    assert msg == (f"idx: expected slot ids in [0, {n + 1}) or pad_slot_id=-1, "
+                   f"got [{n + 1}, -2] at positions [1, {n - 1}]")
 
 
 @pytest.mark.parametrize("n", SIZES)
