@@ -15,10 +15,10 @@ from __future__ import annotations
 import inspect
 import sys
 
-import torch
-
-GPU_DTYPE = torch.bfloat16
-CONTRACT_DTYPE = torch.float32
+# the dtypes the shapes are validated in (torch is imported only when timing: `harness bench --help` loads
+# this module)
+GPU_DTYPE = "bfloat16"
+CONTRACT_DTYPE = "float32"
 
 
 def add_args(p) -> None:
@@ -33,6 +33,8 @@ def _materialize(spec, shape: dict, dtype) -> dict:
     builder on the meta device; float tensors `torch.empty` (same shape, dtype, strides), the slot ids,
     offsets and flags rebuilt with real values (slots 1..n of the pool, equal-length sequences, all with an
     initial state)."""
+    import torch
+
     from harness.ops import _inputs as I
     meta = spec.inputs(shape, dtype, "meta", torch.Generator())
     out = {}
@@ -52,6 +54,8 @@ def _materialize(spec, shape: dict, dtype) -> dict:
 
 def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> list[dict]:
     """Rows {op, shapes, shape, dtype, us_p50, us_p50_no_index}: the validator's p50 per call."""
+    import torch
+
     from harness.bench.timing import Budget, measure
     from harness.ops import SPECS, no_index_checks
     budget = budget or Budget(min_reps=200, min_time=0.2, max_time=5.0, warmup=20)
@@ -60,7 +64,7 @@ def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> l
         if ops and name not in ops:
             continue
         for kind in shape_kinds:
-            dtype = GPU_DTYPE if kind == "gpu" else CONTRACT_DTYPE
+            dtype = getattr(torch, GPU_DTYPE if kind == "gpu" else CONTRACT_DTYPE)
             for shape in spec.shapes.get(kind, ()):
                 pos, opt = spec.split(_materialize(spec, shape, dtype))
                 validate = spec.validate
@@ -98,6 +102,7 @@ def run_cli(args) -> int:
             print(f"harness bench host: --shapes: expected names among contract, gpu, cpu, got {k!r}",
                   file=sys.stderr)
             return 2
+    import torch
     torch.set_num_threads(args.threads or 1)
     from harness.bench.cli import budget_from
     budget = budget_from(args, "cpu") if any(getattr(args, a, None) is not None
