@@ -13,34 +13,42 @@ def fail(arg: str, expected: str, got) -> None:
     raise ValueError(f"{arg}: expected {expected}, got {got}")
 
 
+def _shape_str(shape) -> str:
+    return str(tuple('*' if s is None else s for s in shape))
+
+
 def check_tensor(arg: str, t, ndim: int | None = None, shape: Sequence | None = None,
                  floating: bool | None = None, dtypes: Iterable[torch.dtype] | None = None,
                  optional: bool = False) -> None:
-    """Check one tensor argument. `shape` may hold None for "any size" in a position."""
+    """Check one tensor argument. `shape` may hold None for "any size" in a position.
+
+    On the success path this builds no message (validators run before every eager call of an op)."""
     if t is None:
         if optional:
             return
         fail(arg, "a tensor", "None")
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__)
-    if t.device.type == "meta":
+    if t.is_meta:
         fail(arg, "a tensor with data (not on the meta device)", "a meta tensor")
     if shape is not None:
-        ndim = len(shape)
-    if ndim is not None and t.dim() != ndim:
-        want = f"{ndim} dims" + (f" of shape {tuple('*' if s is None else s for s in shape)}" if shape else "")
-        fail(arg, want, f"shape {tuple(t.shape)}")
-    if shape is not None:
-        for i, (want, got) in enumerate(zip(shape, t.shape)):
-            if want is not None and want != got:
-                fail(arg, f"shape {tuple('*' if s is None else s for s in shape)} (dim {i} = {want})",
-                     f"shape {tuple(t.shape)}")
+        got = t.shape
+        if len(got) != len(shape):
+            fail(arg, f"{len(shape)} dims" + (f" of shape {_shape_str(shape)}" if shape else ""),
+                 f"shape {tuple(got)}")
+        if None in shape or got != shape:  # one comparison when every size is given and matches
+            for i, want in enumerate(shape):
+                if want is not None and want != got[i]:
+                    fail(arg, f"shape {_shape_str(shape)} (dim {i} = {want})", f"shape {tuple(got)}")
+    elif ndim is not None and t.dim() != ndim:
+        fail(arg, f"{ndim} dims", f"shape {tuple(t.shape)}")
     if floating is True and not t.is_floating_point():
         fail(arg, "a floating-point tensor", f"dtype {t.dtype}")
     if floating is False and t.is_floating_point():
         fail(arg, "an integer tensor", f"dtype {t.dtype}")
     if dtypes is not None:
-        dtypes = tuple(dtypes)
+        if type(dtypes) is not tuple:  # any iterable; read once
+            dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
             fail(arg, f"dtype in {[str(d) for d in dtypes]}", f"dtype {t.dtype}")
 
@@ -55,16 +63,21 @@ def check_cu_seqlens(cu_seqlens, num_tokens: int, arg: str = "cu_seqlens") -> to
     if isinstance(cu_seqlens, (list, tuple)):
         cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
     check_tensor(arg, cu_seqlens, ndim=1, floating=False)
-    if cu_seqlens.numel() < 2:
-        fail(arg, "at least 2 entries [0, ..., T]", f"{cu_seqlens.numel()} entries")
     cu = cu_seqlens.detach().to("cpu", torch.int64)
-    if int(cu[0]) != 0:
-        fail(arg, "to start at 0", f"{int(cu[0])}")
-    if bool((cu[1:] < cu[:-1]).any()):
-        fail(arg, "non-decreasing offsets", cu.tolist())
-    if int(cu[-1]) != num_tokens:
-        fail(arg, f"to end at the token count {num_tokens}", f"{int(cu[-1])}")
+    check_offsets(arg, cu.tolist(), num_tokens)
     return cu
+
+
+def check_offsets(arg: str, values: list, num_tokens: int) -> None:
+    """Packed-sequence offsets read to the host (a list of ints): [0, ..., num_tokens], non-decreasing."""
+    if len(values) < 2:
+        fail(arg, "at least 2 entries [0, ..., T]", f"{len(values)} entries")
+    if values[0] != 0:
+        fail(arg, "to start at 0", f"{values[0]}")
+    if values != sorted(values):
+        fail(arg, "non-decreasing offsets", values)
+    if values[-1] != num_tokens:
+        fail(arg, f"to end at the token count {num_tokens}", f"{values[-1]}")
 
 
 def check_divides(arg: str, divisor: int, what: str, value: int) -> None:

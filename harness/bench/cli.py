@@ -7,6 +7,7 @@
     harness bench sweep --op causal_conv1d_varlen       # launch configurations; best -> configs/<device>/<module>.json
     harness bench throughput --preset falcon-mamba-7b   # model-level tok/s (engine path, transformers alongside)
     harness bench loader --size-gb 1                    # checkpoint loading vs transformers.from_pretrained
+    harness bench host                                  # host time of each op's validator per call (CPU)
 
 Every timing goes through harness.bench.timing: triton.testing.do_bench (eager) and do_bench_cudagraph
 (CUDA graph) on GPUs, a time budget per case on the CPU; on CUDA each op case gives an eager and a
@@ -23,7 +24,7 @@ import os
 import sys
 
 EXIT_UNKNOWN_NAME = 4
-SUBCOMMANDS = ("peers", "sweep", "throughput", "loader")
+SUBCOMMANDS = ("peers", "sweep", "throughput", "loader", "host")
 
 
 def _add_budget_args(p) -> None:
@@ -72,6 +73,10 @@ def add_args(p) -> None:
     args.add_throughput_args(sp)
     sp = sub.add_parser("loader", help="checkpoint loading: our loaders next to transformers' from_pretrained")
     args.add_loader_args(sp)
+    sp = sub.add_parser("host", help="host time per call of each op's contract validator, on the CPU")
+    from harness.bench import host
+    host.add_args(sp)
+    _add_budget_args(sp)
 
 
 def setup_device(name: str) -> str:
@@ -114,6 +119,9 @@ def run_bench(args) -> int:
         if cmd == "loader":
             from harness.bench import loader
             return loader.run_cli(args)
+        if cmd == "host":
+            from harness.bench import host
+            return host.run_cli(args)
         # the device first: on the CPU, TRITON_INTERPRET must be set before the kernels are imported
         device = setup_device(args.device)
         if cmd == "sweep":

@@ -1,17 +1,19 @@
 """Argument checks shared by the op validators (private to `harness.ops`).
 
 Every check raises ValueError naming (argument, expected, got) through `reference.validate.fail`.
-Index range checks read indices on the host; inside `no_index_checks()` (CUDA-graph capture, the
-benchmark loop) they are skipped.
+Index range checks read indices on the host (one device->host transfer per call: a varlen op's offsets
+and slot ids travel together); inside `no_index_checks()` (CUDA-graph capture, the benchmark loop) they
+are skipped. Validators run before every eager call, so the success path builds no message.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 
+import numpy
 import torch
 
-from reference.validate import check_cu_seqlens, check_tensor, fail
+from reference.validate import check_offsets, check_tensor, fail
 
 PAD_SLOT_ID = -1
 INF = math.inf
@@ -48,18 +50,55 @@ def same_device(**tensors):
             fail(k, f"a tensor on {dev} (same device as {first})", f"a tensor on {t.device}")
 
 
-def check_qsl(query_start_loc, num_tokens, arg="query_start_loc"):
-    """query_start_loc: int32/int64 (S+1,), starts at 0, non-decreasing, ends at T. Returns S."""
+# slot ids read to the host are checked as a Python list up to this many, as a numpy array from here on
+# (a set over a few hundred ints costs more than numpy's fixed overhead)
+_NUMPY_FROM = 128
+
+
+def _host_values(t):
+    return t.tolist() if t.shape[0] < _NUMPY_FROM else t.cpu().numpy()
+
+
+def read_host(*tensors) -> list:
+    """The values of 1-dim integer tensors on the host (a list of ints, or a numpy array for long ones), with
+    one device->host transfer for all of them (on the CPU each is read as it is)."""
+    if len(tensors) > 1 and tensors[0].device.type != "cpu":
+        tensors = torch.cat(tensors).cpu().split([t.shape[0] for t in tensors])  # int32 + int64 -> int64
+    return [_host_values(t) for t in tensors]
+
+
+def check_qsl(query_start_loc, num_tokens, arg="query_start_loc", values=None):
+    """query_start_loc: int32/int64 (S+1,), starts at 0, non-decreasing, ends at T. Returns S.
+    `values`: its entries already read to the host (else they are read here)."""
     check_tensor(arg, query_start_loc, ndim=1, dtypes=INT_DTYPES)
-    if index_checks_on():
-        check_cu_seqlens(query_start_loc, num_tokens, arg)
-    elif query_start_loc.numel() < 2:
-        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.numel()} entries")
-    return query_start_loc.numel() - 1
+    if _INDEX_CHECKS[-1]:
+        if values is None:
+            values = query_start_loc.tolist()
+        check_offsets(arg, values if isinstance(values, list) else values.tolist(), num_tokens)
+    elif query_start_loc.shape[0] < 2:
+        fail(arg, "at least 2 entries [0, ..., T]", f"{query_start_loc.shape[0]} entries")
+    return query_start_loc.shape[0] - 1
+
+
+def check_qsl_indices(query_start_loc, num_tokens, arg, idx, num_slots, pad_slot_id):
+    """`check_qsl` then `check_indices(arg, idx, S, ...)`, in that order, with both tensors' values read to
+    the host in one transfer when both are well-formed. Returns S."""
+    qv = iv = None
+    if _INDEX_CHECKS[-1] and isinstance(query_start_loc, torch.Tensor) and isinstance(idx, torch.Tensor) \
+            and query_start_loc.dim() == 1 and idx.dim() == 1 and idx.shape[0] == query_start_loc.shape[0] - 1 \
+            and query_start_loc.dtype in INT_DTYPES and idx.dtype in INT_DTYPES \
+            and not query_start_loc.is_meta and query_start_loc.device == idx.device:
+        qv, iv = read_host(query_start_loc, idx)
+    S = check_qsl(query_start_loc, num_tokens, values=qv)
+    check_indices(arg, idx, S, num_slots, pad_slot_id, values=iv)
+    return S
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+_REAL = (int, float)
 
 
 def _is_real(v) -> bool:
@@ -71,21 +110,41 @@ def check_pad_slot_id(pad_slot_id):
         fail("pad_slot_id", "an int (default -1)", repr(pad_slot_id))
 
 
-def check_indices(arg, idx, n, num_slots, pad_slot_id):
-    """Slot ids: (n,) int, each in [0, num_slots) or the pad id, live ones distinct."""
-    check_pad_slot_id(pad_slot_id)
+def check_indices(arg, idx, n, num_slots, pad_slot_id, values=None):
+    """Slot ids: (n,) int, each in [0, num_slots) or the pad id, live ones distinct. `values`: the ids
+    already read to the host (else they are read here)."""
+    if type(pad_slot_id) is not int:
+        check_pad_slot_id(pad_slot_id)
     check_tensor(arg, idx, shape=(n,), dtypes=INT_DTYPES)
-    if idx.device.type == "meta":
-        fail(arg, "slot ids on a real device", "a tensor on the meta device")
-    if index_checks_on() and n:
-        i = idx.detach().to("cpu", torch.int64)
-        bad = (i != pad_slot_id) & ((i < 0) | (i >= num_slots))
-        if bool(bad.any()):
-            fail(arg, f"slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}",
-                 f"{i[bad].tolist()} at positions {bad.nonzero().flatten().tolist()}")
-        live = i[i != pad_slot_id]
-        if live.numel() != live.unique().numel():
-            fail(arg, "distinct slot ids for live requests", i.tolist())
+    if _INDEX_CHECKS[-1] and n:
+        ids = read_host(idx)[0] if values is None else values
+        if not _ids_ok(ids, n, num_slots, pad_slot_id):
+            _fail_ids(arg, ids if isinstance(ids, list) else ids.tolist(), num_slots, pad_slot_id)
+
+
+def _ids_ok(ids, n, num_slots, pad_slot_id) -> bool:
+    """Every id in [0, num_slots) or the pad id, the live ones distinct (`ids` a list or a numpy array)."""
+    if isinstance(ids, list):
+        live = set(ids)
+        live.discard(pad_slot_id)
+        return not live or (min(live) >= 0 and max(live) < num_slots and len(live) == n - ids.count(pad_slot_id))
+    live = ids[ids != pad_slot_id]
+    if not live.size:
+        return True
+    if live.min() < 0 or live.max() >= num_slots:
+        return False
+    live = numpy.sort(live)
+    return not (live[1:] == live[:-1]).any()
+
+
+def _fail_ids(arg, ids: list, num_slots, pad_slot_id):
+    """The error of slot ids `_ids_ok` rejected: the out-of-range ones with their positions, else the
+    duplicates."""
+    bad = [p for p, v in enumerate(ids) if v != pad_slot_id and not 0 <= v < num_slots]
+    if bad:
+        fail(arg, f"slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}",
+             f"{[ids[p] for p in bad]} at positions {bad}")
+    fail(arg, "distinct slot ids for live requests", ids)
 
 
 def check_flags(arg, flags, n):
@@ -125,6 +184,9 @@ def check_bc(B, C, rows, channels, what, N=None):
 
 def check_dt_limit(dt_limit):
     """(lo, hi): two real numbers, not NaN, lo <= hi (lo may be negative: dt is then allowed below 0)."""
+    if type(dt_limit) is tuple and len(dt_limit) == 2 and type(dt_limit[0]) in _REAL and type(dt_limit[1]) in _REAL \
+            and dt_limit[0] <= dt_limit[1]:  # the common case; NaN fails the comparison
+        return
     if not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2 or not all(_is_real(v) for v in dt_limit) \
             or any(math.isnan(v) for v in dt_limit) or not dt_limit[0] <= dt_limit[1]:
         fail("dt_limit", "(lo, hi): two numbers, lo <= hi, not NaN", repr(dt_limit))
@@ -151,6 +213,8 @@ def check_param(arg, t, shape, optional=True):
 def check_disjoint_slots(arg, pool):
     """No two elements of the pool share memory (an `expand`ed or overlapping view would let writing one
     slot change another)."""
+    if pool.is_contiguous():  # row-major strides: no two elements share memory
+        return
     dims = sorted((st, sz) for st, sz in zip(pool.stride(), pool.shape) if sz > 1)
     extent = 1
     for st, sz in dims:

@@ -16,7 +16,7 @@ from harness.ops._checks import ACT_DTYPES as _ACT_DTYPES
 from harness.ops._checks import PAD_SLOT_ID, check_disjoint_slots, check_flags
 from harness.ops._checks import check_indices as _check_indices
 from harness.ops._checks import check_out as _check_out
-from harness.ops._checks import check_qsl as _check_qsl
+from harness.ops._checks import check_qsl_indices as _check_qsl_indices
 from harness.ops._checks import same_device as _same_device
 from reference.delta_rule import check_options, check_shapes, check_state_shape
 from harness.ops.spec import OpSpec
@@ -44,8 +44,7 @@ def _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_
     T, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "T")
     _check_pool(ssm_states, Hv, V, K)
     check_options(scale, use_qk_l2norm)
-    S = _check_qsl(query_start_loc, T)
-    _check_indices("cache_indices", cache_indices, S, ssm_states.shape[0], pad_slot_id)
+    S = _check_qsl_indices(query_start_loc, T, "cache_indices", cache_indices, ssm_states.shape[0], pad_slot_id)
     check_flags("has_initial_state", has_initial_state, S)
     _same_device(q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, query_start_loc=query_start_loc,
                  cache_indices=cache_indices, has_initial_state=has_initial_state)

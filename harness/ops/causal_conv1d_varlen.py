@@ -38,8 +38,7 @@ def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc,
     check_tensor("x", x, ndim=2, dtypes=ck.ACT_DTYPES)
     T, D = x.shape
     K = check_conv_params(D, weight, bias, conv_states, activation)
-    S = ck.check_qsl(query_start_loc, T)
-    ck.check_indices("cache_indices", cache_indices, S, conv_states.shape[0], pad_slot_id)
+    S = ck.check_qsl_indices(query_start_loc, T, "cache_indices", cache_indices, conv_states.shape[0], pad_slot_id)
     ck.check_flags("has_initial_state", has_initial_state, S)
     ck.same_device(x=x, weight=weight, bias=bias, conv_states=conv_states, query_start_loc=query_start_loc,
                    cache_indices=cache_indices, has_initial_state=has_initial_state)

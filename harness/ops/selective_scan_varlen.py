@@ -29,8 +29,7 @@ def validate_selective_scan_varlen(u, delta, A, B, C, D, z, delta_bias, ssm_stat
     check_tensor("z", z, shape=(T, Dm), dtypes=ck.ACT_DTYPES, optional=True)
     check_tensor("delta_bias", delta_bias, shape=(Dm,), dtypes=ck.ACT_DTYPES, optional=True)
     ck.check_pool("ssm_states", ssm_states, (Dm, N))
-    S = ck.check_qsl(query_start_loc, T)
-    ck.check_indices("cache_indices", cache_indices, S, ssm_states.shape[0], pad_slot_id)
+    S = ck.check_qsl_indices(query_start_loc, T, "cache_indices", cache_indices, ssm_states.shape[0], pad_slot_id)
     ck.check_flags("has_initial_state", has_initial_state, S)
     ck.same_device(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, ssm_states=ssm_states,
                    query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state)

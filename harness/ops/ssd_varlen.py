@@ -33,8 +33,7 @@ def validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, q
     check_tensor("dt_bias", dt_bias, shape=(H,), dtypes=ck.ACT_DTYPES, optional=True)
     ck.check_pool("ssm_states", ssm_states, (H, P, N))
     ck.check_dt_limit(dt_limit)
-    S = ck.check_qsl(query_start_loc, T)
-    ck.check_indices("cache_indices", cache_indices, S, ssm_states.shape[0], pad_slot_id)
+    S = ck.check_qsl_indices(query_start_loc, T, "cache_indices", cache_indices, ssm_states.shape[0], pad_slot_id)
     ck.check_flags("has_initial_state", has_initial_state, S)
     ck.same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, ssm_states=ssm_states,
                    query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state)

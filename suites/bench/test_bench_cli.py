@@ -50,6 +50,7 @@ def test_op_filter_takes_comma_lists(capsys):
      "nonexistent"),
     (["bench", "sweep", "--device", "cpu", "--op", "ssd_varlen", "--group", "nope", "--list"], "--group", "nope"),
     (["bench", "throughput", "--device", "cpu", "--impl", "nope", "--no-hf"], "--impl", "nope"),
+    (["bench", "host", "--op", "gated_rms_norm,nonexistent"], "--op", "nonexistent"),
 ])
 def test_unknown_names_are_usage_errors(argv, named, bad, capsys):
     """An unknown op, implementation or group exits 4 with a message naming the option, the unknown name and
@@ -143,6 +144,23 @@ def test_bench_throughput_subcommand(tmp_path, capsys):
     assert {r["op"] for r in t} == {"model_prefill", "model_decode"}
     assert all(r["eager_ms_p50"] == r["ms_p50"] and r["reps"] >= 2 for r in t)
     gates_clean(out, capsys)
+
+
+def test_bench_host_subcommand(capsys):
+    """`harness bench host` times each op's validator alone (p50 microseconds per call, with and without the
+    index checks) at the spec's shapes: one row per shape; the gpu shapes are validated without filling
+    their tensors."""
+    from harness.bench.host import time_validators
+    from harness.ops import SPECS
+    assert main(["bench", "host", "--op", "causal_conv1d_update,gated_rms_norm", "--shapes", "contract",
+                 "--reps", "3", "--min-time", "0"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[:3] == ["op", "shapes", "dtype"] and len(lines) == 3
+    assert [ln.split()[0] for ln in lines[1:]] == ["causal_conv1d_update", "gated_rms_norm"]
+    rows = time_validators(["gated_delta_rule_varlen"], ("gpu",), Budget(min_reps=3, min_time=0))
+    assert len(rows) == len(SPECS["gated_delta_rule_varlen"].shapes["gpu"])
+    assert all(r["dtype"] == "bfloat16" and 0 < r["us_p50"] and 0 < r["us_p50_no_index"] for r in rows)
+    assert main(["bench", "host", "--shapes", "contract,nope"]) == 2
 
 
 def test_bench_loader_subcommand(tmp_path, capsys):

@@ -3,7 +3,8 @@
 * `interpreting()`: True when Triton runs kernels through its interpreter (TRITON_INTERPRET=1; the
   only way to run them on CPU tensors). The interpreter is slow (milliseconds per program and loop
   step) and its bf16/fp16 arithmetic is wrong, so the `triton` Impl only offers fp32/fp64 there.
-* `device_guard(t)`: a context that makes `t`'s device current (cuda / xpu), a no-op on cpu.
+* `device_guard(t)`: a context that makes `t`'s device current (cuda / xpu), a no-op on cpu and where
+  it already is.
 * `TL_DTYPES` / `tl_dtype`: torch dtype -> triton.language dtype.
 * `next_power_of_2`, `cdiv`.
 * `autotune_configs(configs)`: a list of `triton.Config` that collapses to its first entry under the
@@ -23,13 +24,19 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_NO_GUARD = contextlib.nullcontext()
+
+
 def device_guard(t: torch.Tensor):
-    kind = t.device.type
+    """No switch (a shared no-op context) when `t`'s CUDA device is already the current one: entering
+    torch.cuda.device costs microseconds per launch, and decode launches are bound by the host."""
+    d = t.device
+    kind = d.type
     if kind == "cuda":
-        return torch.cuda.device(t.device)
+        return _NO_GUARD if d.index == torch.cuda.current_device() else torch.cuda.device(d)
     if kind == "xpu" and hasattr(torch, "xpu"):
-        return torch.xpu.device(t.device)
-    return contextlib.nullcontext()
+        return torch.xpu.device(d)
+    return _NO_GUARD
 
 
 TL_DTYPES = {

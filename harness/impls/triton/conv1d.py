@@ -39,6 +39,10 @@ from harness.impls.triton._common import (launch_config, cdiv, device_guard, int
 CONFIG = launch_config("conv1d", {"bt": 16, "bd": 512, "warps": 4, "stages": 2, "dfirst": False, "chunks": 4,
                                   "progs": 1024, "maxnreg": 0, "upd_bd": 256, "upd_warps": 4, "upd_rows": 4})
 
+# Triton decides at import whether its kernels are interpreted; reading the environment once keeps it off the
+# per-call path (decode is bound by the host's time per call)
+_INTERPRETED = interpreting()
+
 
 @triton.jit
 def _weights(w_ptr, d, dmask, sw_d, sw_k, K: tl.constexpr, ACC: tl.constexpr):
@@ -268,7 +272,7 @@ def _acc(dtype):
 
 def _i64d(D, K, *strides):
     """Per-channel offsets (d * stride + tap * stride) could overflow int32."""
-    return (D + K) * max([abs(int(v)) for v in strides] + [1]) >= 2 ** 31
+    return (D + K) * max(1, max(strides), -min(strides)) >= 2 ** 31
 
 
 @provides("triton", "causal_conv1d_varlen")
@@ -279,7 +283,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     y = out if out is not None else torch.empty_like(x)
     if S == 0:
         return y
-    interp = interpreting()
+    interp = _INTERPRETED
     if interp:  # small blocks; exercise both grid orders, both paths, 1-3 chunks per program
         bt, bd, warps, stages, dfirst, nch = 4, min(next_power_of_2(D), 16), 1, 1, T % 2 == 1, 1 + T % 3
     else:
@@ -317,21 +321,18 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     y = out if out is not None else torch.empty_like(x)
     if Bsz == 0:
         return y
-    interp = interpreting()
-    if interp:
+    if _INTERPRETED:
         bd, warps, rows = min(next_power_of_2(D), 16), 1, 2
     else:
         warps, rows = CONFIG["upd_warps"], CONFIG["upd_rows"]
         bd = min(CONFIG["upd_bd"], max(next_power_of_2(D), 32 * warps))
     b = bias if bias is not None else weight
+    sx, sw, sb, ss, sy = x.stride(), weight.stride(), b.stride(0), conv_states.stride(), y.stride()
     with device_guard(x):
         _conv_update_kernel[(cdiv(Bsz, rows), cdiv(D, bd))](
             x, weight, b, conv_states, conv_state_indices, y, Bsz, D, pad_slot_id,
-            x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
-            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), y.stride(0), y.stride(1),
+            *sx, *sw, sb, *ss, *sy,
             K=K, BD=bd, ROWS=rows, HAS_BIAS=bias is not None, SILU=activation == "silu",
-            ACC=_acc(x.dtype),
-            I64D=_i64d(D, K, x.stride(1), y.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
-                       conv_states.stride(1), conv_states.stride(2)),
-            FAST=nvidia_fast(x) and x.dtype != torch.float64, num_warps=warps)
+            ACC=_acc(x.dtype), I64D=_i64d(D, K, sx[1], sy[1], *sw, sb, ss[1], ss[2]),
+            FAST=x.dtype != torch.float64 and nvidia_fast(x), num_warps=warps)
     return y

@@ -19,7 +19,6 @@ family, and the smallest grid a small batch is spread to) come from CONFIG
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import struct
 
@@ -45,7 +44,6 @@ CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 1, "kda_
 # per-call path (decode at batch 1 is bound by the host's time per call)
 _INTERPRETED = interpreting()
 _BV_INTERPRETED = 8  # small value blocks under the interpreter: several blocks per head in tiny tests
-_NO_GUARD = contextlib.nullcontext()
 _EPS = tl.constexpr(L2NORM_EPS)
 
 
@@ -111,6 +109,7 @@ def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_
 
 
 _VALIDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
+_CONFIG_KEYS = {kind: (f"{kind}_bv", f"{kind}_warps") for kind in ("gdn", "kda")}  # (value rows, warps)
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,14 +119,6 @@ def _scale_pair(scale: float) -> tuple[float, float]:
     return hi, scale - hi
 
 
-def _guard(t: torch.Tensor):
-    """`device_guard(t)`, skipped when t's CUDA device is already the current one."""
-    d = t.device
-    if d.type == "cuda" and d.index == torch.cuda.current_device():
-        return _NO_GUARD
-    return device_guard(t)
-
-
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
     B, Hk, Hv, K, V = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
                                       pad_slot_id, out)
@@ -135,9 +126,10 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     if B == 0 or Hv == 0 or V == 0:
         return o
     interp = _INTERPRETED
+    bv_key, warps_key = _CONFIG_KEYS[kind]
     acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
     BK = next_power_of_2(K)
-    BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[f"{kind}_bv"])
+    BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[bv_key])
     while BV > 8 and B * Hv * cdiv(V, BV) < CONFIG["min_programs"]:
         BV //= 2
     NV = cdiv(V, BV)
@@ -151,13 +143,13 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
                  (V - 1) * max(abs(sv[2]), abs(so[2])))
     # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
     pool = ssm_states if ssm_states.numel() else v
-    with _guard(v):
+    with device_guard(v):
         _delta_rule_update_kernel[(B * Hv * NV,)](
             q, k, v, g, beta, pool, state_indices, o,
             Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
             *sq, *sk, *sv, *sg, *sb, *ss, *so,
             BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc, IDX=index_type(extent),
-            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[f"{kind}_warps"])
+            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[warps_key])
     return o
 
 

@@ -25,6 +25,11 @@ from harness.impls.triton._common import (launch_config, cdiv, device_guard, int
 CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m1_bd": 64, "m1_warps": 2, "m1_rows": 2,
                                                   "m1_tiles": 1, "m1_dfirst": 1})
 
+# Triton decides at import whether its kernels are interpreted; reading the environment once keeps it off the
+# per-call path (decode is bound by the host's time per call)
+_INTERPRETED = interpreting()
+_NO_Z = (0, 0, 0)
+
 
 @triton.jit
 def _softplus(x):
@@ -256,12 +261,8 @@ def _ssu_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr,
                                                              n_cv, n_b64, n_m_rd)
 
 
-def _acc(*ts):
-    return tl.float64 if any(t is not None and t.dtype == torch.float64 for t in ts) else tl.float32
-
-
-def _s(t, i):
-    return 0 if t is None else t.stride(i)
+def _acc(x, state):
+    return tl.float64 if x.dtype == torch.float64 or state.dtype == torch.float64 else tl.float32
 
 
 @provides("triton", "selective_state_update")
@@ -272,13 +273,15 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     y = out if out is not None else torch.empty_like(x)
     if x.shape[0] == 0:
         return y
-    interp = interpreting()
+    interp = _INTERPRETED
     acc = _acc(x, state)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     common = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
                   SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc == tl.float64)
     lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc == tl.float64 else x
     dp, zp, bp = (D if D is not None else x), (z if z is not None else x), (dt_bias if dt_bias is not None else dt)
+    sd = D.stride() if D is not None else _NO_Z
+    sz = z.stride() if z is not None else _NO_Z
     with device_guard(x):
         if layout[0] == "mamba2":
             _, Bsz, H, P, N, G = layout
@@ -288,8 +291,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
                 state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
                 P, N, H // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *Cm.stride(),
-                _s(D, 0), _s(D, 1) if D is not None and D.dim() == 2 else 0,
-                _s(z, 0), _s(z, 1), _s(z, 2), *y.stride(),
+                sd[0], sd[1] if len(sd) == 2 else 0, sz[0], sz[1], sz[2], *y.stride(),
                 BP=BP, BN=BN, D_PER_P=D is not None and D.dim() == 2, num_warps=1 if interp else CONFIG["m2_warps"],
                 **common)
         else:
@@ -304,10 +306,10 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
                 state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
                 Bsz, Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
-                _s(D, 0), _s(z, 0), _s(z, 1), *y.stride(),
+                sd[0], sz[0], sz[1], *y.stride(),
                 BD=BD, BN=BN, ROWS=rows, TILES=tiles, GU=(Dm // G) % BD == 0, DFIRST=dfirst,
                 DENSE=N == BN and state.stride(2) == 1 and state.stride(1) == N,
-                FAST=nvidia_fast(x) and acc == tl.float32,
+                FAST=acc == tl.float32 and nvidia_fast(x),
                 EVEN_B=tiles == 1 and Bsz % rows == 0, EVEN_D=Dm % BD == 0, EVEN_N=N == BN,
                 num_warps=1 if interp else CONFIG["m1_warps"], **common)
     return y

@@ -1,0 +1,111 @@
+"""`harness bench host`: the host time of each op's contract validator, per call, on the CPU.
+
+An op's eager call pays its validator (`SPEC.validate`) before any kernel launches; at decode sizes that
+host time is a large part of the call. This times `SPEC.validate(...)` alone on CPU tensors, for every op
+at its "contract" shapes (float32) and its "gpu" shapes (bfloat16; the float tensors are allocated and
+left unwritten: the validator reads only their metadata, the slot ids and offsets are real), twice: with
+the index range checks (which read the slot ids and offsets on the host) and inside `no_index_checks()`.
+The figures are p50 microseconds per call through `harness.bench.timing.measure`.
+
+    harness bench host                       # every op
+    harness bench host --op gated_delta_rule_update,causal_conv1d_update --min-time 0.5
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+
+# the dtypes the shapes are validated in (torch is imported only when timing: `harness bench --help` loads
+# this module)
+GPU_DTYPE = "bfloat16"
+CONTRACT_DTYPE = "float32"
+
+
+def add_args(p) -> None:
+    p.add_argument("--op", action="append", default=None, help="op(s) to time (comma-separated; default all)")
+    p.add_argument("--shapes", default="contract,gpu",
+                   help="shape lists of the specs to time (comma-separated; default contract,gpu)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default 1)")
+
+
+def _materialize(spec, shape: dict, dtype) -> dict:
+    """One valid input set for `shape` on the CPU without filling the float tensors: shapes from the spec's
+    builder on the meta device; float tensors `torch.empty` (same shape, dtype, strides), the slot ids,
+    offsets and flags rebuilt with real values (slots 1..n of the pool, equal-length sequences, all with an
+    initial state)."""
+    import torch
+
+    from harness.ops import _inputs as I
+    meta = spec.inputs(shape, dtype, "meta", torch.Generator())
+    out = {}
+    for name, t in meta.items():
+        if not isinstance(t, torch.Tensor):
+            out[name] = t
+        elif t.is_floating_point():
+            out[name] = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype)
+        elif name == "query_start_loc":  # the token count is the first dim of the first argument
+            out[name] = I.seqs(meta[spec.args[0]].shape[0], t.numel() - 1, "cpu").to(t.dtype)
+        elif t.dtype == torch.bool:
+            out[name] = torch.ones(tuple(t.shape), dtype=torch.bool)
+        else:  # slot ids
+            out[name] = torch.arange(1, t.numel() + 1, dtype=t.dtype).reshape(t.shape)
+    return out
+
+
+def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> list[dict]:
+    """Rows {op, shapes, shape, dtype, us_p50, us_p50_no_index}: the validator's p50 per call."""
+    import torch
+
+    from harness.bench.timing import Budget, measure
+    from harness.ops import SPECS, no_index_checks
+    budget = budget or Budget(min_reps=200, min_time=0.2, max_time=5.0, warmup=20)
+    rows = []
+    for name, spec in SPECS.items():
+        if ops and name not in ops:
+            continue
+        for kind in shape_kinds:
+            dtype = getattr(torch, GPU_DTYPE if kind == "gpu" else CONTRACT_DTYPE)
+            for shape in spec.shapes.get(kind, ()):
+                pos, opt = spec.split(_materialize(spec, shape, dtype))
+                validate = spec.validate
+                takes = inspect.signature(validate).parameters  # the options the validator checks
+                opt = {k: v for k, v in opt.items() if k in takes}
+
+                def call(validate=validate, pos=pos, opt=opt):
+                    return validate(*pos, **opt)
+
+                call()  # a valid input set: raises here otherwise
+                on = measure(call, "cpu", budget).eager.ms_p50
+                with no_index_checks():
+                    off = measure(call, "cpu", budget).eager.ms_p50
+                rows.append(dict(op=name, shapes=kind, shape=shape, dtype=str(dtype).replace("torch.", ""),
+                                 us_p50=on * 1e3, us_p50_no_index=off * 1e3))
+    return rows
+
+
+def format_rows(rows) -> str:
+    lines = [f"{'op':28s} {'shapes':8s} {'dtype':9s} {'us/validate':>11s} {'no index':>9s}  shape"]
+    for r in rows:
+        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        lines.append(f"{r['op']:28s} {r['shapes']:8s} {r['dtype']:9s} {r['us_p50']:11.2f} "
+                     f"{r['us_p50_no_index']:9.2f}  {shape}")
+    return "\n".join(lines)
+
+
+def run_cli(args) -> int:
+    from harness.bench.registry import check_names, split_names
+    from harness.ops import OP_NAMES
+    ops = check_names("--op", split_names(args.op), list(OP_NAMES))
+    kinds = tuple(split_names([args.shapes]))
+    for k in kinds:
+        if k not in ("contract", "gpu", "cpu"):
+            print(f"harness bench host: --shapes: expected names among contract, gpu, cpu, got {k!r}",
+                  file=sys.stderr)
+            return 2
+    import torch
+    torch.set_num_threads(args.threads or 1)
+    from harness.bench.cli import budget_from
+    budget = budget_from(args, "cpu") if any(getattr(args, a, None) is not None
+                                             for a in ("reps", "min_time", "max_time", "warmup")) else None
+    print(format_rows(time_validators(ops, kinds, budget)))
+    return 0
