@@ -396,3 +396,66 @@ def test_benchmark_decode_slots_are_not_vllm_null_block(op):
     idx = kw["state_indices" if "state_indices" in kw else
              ("conv_state_indices" if "conv_state_indices" in kw else "state_batch_indices")]
     assert int(idx.min()) >= 1
+
+
+# ------------------------------------------------------------------------------ CUDA graph, real kernels
+
+DECODE_OPS = ["gated_delta_rule_update", "kda_update", "causal_conv1d_update", "selective_state_update"]
+_INDEX_ARG = {"gated_delta_rule_update": "state_indices", "kda_update": "state_indices",
+              "causal_conv1d_update": "conv_state_indices", "selective_state_update": "state_batch_indices"}
+_CAPTURE_SLOTS = ([1, -1, 3, 4, -1, 6, 7, 8], [-1, 2, 5, -1, 8, 1, -1, 3])  # B = 8, pool slots 0..8; > 0 (vLLM)
+
+
+@pytest.mark.parametrize("op,shape", [(op, sh) for op in DECODE_OPS for sh in SPECS[op].shapes["cpu"]],
+                         ids=lambda v: v if isinstance(v, str) else "_".join(f"{k}{x}" for k, x in v.items()))
+@pytest.mark.parametrize("peer", ["fla", "vllm", "sglang"])
+def test_peer_decode_captures_in_cuda_graph(device, peer, op, shape):
+    """With the real kernels (CUDA): the decode op captured in a CUDA graph inside no_index_checks() and
+    replayed for two batches of slot ids (pads included) gives the eager call's live outputs and pool."""
+    if not device.startswith("cuda"):
+        pytest.skip("needs a CUDA device (CUDA-graph capture of the peers' Triton kernels)")
+    from harness.impls.registry import get
+    impl = get(peer)
+    why = impl.why_unavailable(device)
+    if why:
+        pytest.skip(why)
+    if op not in impl.ops:
+        pytest.skip(f"{peer} does not provide {op}")
+    fn = impl.ops[op]
+    sp = SPECS[op]
+    kw = sp.inputs(dict(shape), torch.float32, device, torch.Generator().manual_seed(0))
+    assert kw[sp.pool].shape[0] == 9 and kw[_INDEX_ARG[op]].shape[0] == 8, "the slot batches below are for B = 8"
+    key = _INDEX_ARG[op]
+    pool0 = kw[sp.pool].clone()
+
+    def call(pool, idx):
+        args = dict(kw, **{sp.pool: pool, key: idx})
+        return fn(*[args[a] for a in sp.args], **{k: args[k] for k in sp.options if k in args})
+
+    idx = torch.tensor(_CAPTURE_SLOTS[0], dtype=torch.int32, device=device)
+    try:
+        call(pool0.clone(), idx.clone())  # eager, index checks on (compiles and autotunes the kernels)
+    except NotImplementedError as e:
+        pytest.skip(f"{peer} declines the case: {e}")
+    pool_g = pool0.clone()
+    with no_index_checks():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call(pool0.clone(), idx)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_g = call(pool_g, idx)
+    for slots in _CAPTURE_SLOTS:
+        idx.copy_(torch.tensor(slots, dtype=torch.int32))
+        pool_g.copy_(pool0)
+        graph.replay()
+        pool_e = pool0.clone()
+        y_e = call(pool_e, idx.clone())
+        torch.cuda.synchronize()
+        live = [b for b, s in enumerate(slots) if s != PAD_SLOT_ID]
+        named = [s for s in slots if s != PAD_SLOT_ID]
+        torch.testing.assert_close(y_g[live], y_e[live], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pool_g[named], pool_e[named], rtol=1e-5, atol=1e-6)
+        assert_untouched(pool0, pool_g, named, name=f"{peer} {op} pool (graph)")
