@@ -282,7 +282,8 @@ def _host_update(kind, q, k, v, g, beta, pool, slots, scale, l2):
     o = torch.zeros(v.shape, dtype=torch.float32)
     for b, s in enumerate(slots):
         if s != PAD_SLOT_ID:
-            ob, new = _step(kind, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1], pool[s][None], scale, l2)
+            r = slice(b, b + 1)
+            ob, new = _step(kind, q[r], k[r], v[r], g[r], beta[r], pool[s][None], scale, l2)
             o[b] = ob[0].cpu()
             p[s] = new[0].to(p.dtype)
     return o, p
@@ -356,7 +357,8 @@ def test_mamba_decode_reaches_the_kernel_without_host_reads(monkeypatch, guard, 
     if peer == "sglang":
         monkeypatch.setattr(sglang_adapter, "_on_gpu", lambda t, what: None)
     sp = SPECS[op]
-    kw = sp.inputs(dict(sp.shapes["contract"][0], B=len(slots)), torch.float32, device, torch.Generator().manual_seed(0))
+    kw = sp.inputs(dict(sp.shapes["contract"][0], B=len(slots)), torch.float32, device,
+                   torch.Generator().manual_seed(0))
     key = "conv_state_indices" if op == "causal_conv1d_update" else "state_batch_indices"
     kw[key] = torch.tensor(slots, dtype=torch.int32, device=device)
     if op == "selective_state_update":

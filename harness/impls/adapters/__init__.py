@@ -8,8 +8,9 @@ placeholder module of that name (flagged `__harness_placeholder__`) so mamba_ssm
 
 Slot indices: `host_slots` reads them on the host (a synchronisation). Inside `harness.ops.no_index_checks()`
 (CUDA-graph capture, the benchmark loop) `host_reads_ok()` is False and the decode paths read nothing on the
-host: `gather_slots`, `scatter_slots` and `mask_rows` do the pad handling on the device with index tensors
-of static shape (every row runs; pad rows read zeros, write nothing and give zero outputs).
+host: the slot ids go to kernels that skip pads themselves, or `gather_slots`, `scatter_slots` and
+`mask_rows` handle the pads on the device with index tensors of static shape (every row runs; pad rows
+read zeros, write no slot, and their outputs are masked to zero).
 """
 from __future__ import annotations
 

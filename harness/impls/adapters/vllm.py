@@ -372,7 +372,8 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     who = "fused_recurrent_kda"
     _decline_slot0(state_indices, pad_slot_id, who)
     _check_pool(ssm_states, who)
-    if no_live_rows(state_indices, pad_slot_id, ssm_states):  # (B = 0 would also fail its stride asserts on the packed views)
+    # (B = 0 would also fail its stride asserts on the packed views)
+    if no_live_rows(state_indices, pad_slot_id, ssm_states):
         return _idle(v, out)
     # vLLM passes q, k, v as views of one packed projection (one token stride for all three)
     qkv = torch.cat([q.reshape(Bsz, H * K), k.reshape(Bsz, H * K), v.reshape(Bsz, H * V)], dim=1)
