@@ -9,15 +9,19 @@ fla takes the packed batch as batch 1 with `cu_seqlens` (int64) and one initial 
 `state_v_first=True` gives our value-major (V, K) state (its default is (K, V)). The adapter gathers the
 named slots (zeros where a request has no initial state), runs only the live non-empty sequences, and
 writes their final states back; an empty live sequence keeps its initial state (zeros without one), as
-the contract says. Decode rows run as a batch of one-token sequences; pad rows are left out and their
-outputs are zero. Every op validates with harness.ops first, so bad input fails as for our kernels.
+the contract says. Decode rows run as a batch of one-token sequences, every row (a pad row from a zero
+state): the states are gathered from and written back to the pool on the device and pad outputs are zeroed
+by a mask, with no host read of the indices, so a decode call can be captured in a CUDA graph (outside
+`harness.ops.no_index_checks()` a batch without live rows launches nothing). The prefill reads the sequence
+lengths on the host. Every op validates with harness.ops first, so bad input fails as for our kernels.
 """
 from __future__ import annotations
 
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows, scatter_slots,
+                                    unavailable_reason)
 from harness.impls.adapters._source import PeerWheels
 from harness.impls.registry import Impl, register
 
@@ -72,19 +76,16 @@ def _varlen(fn, validate, q, k, v, g, beta, ssm_states, query_start_loc, cache_i
 def _update(fn, validate, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
     validate(q, k, v, g, beta, ssm_states, state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
              pad_slot_id=pad_slot_id, out=out)
-    idx, live = host_slots(state_indices, pad_slot_id)
     Bsz, Hv, V = v.shape
     y = out if out is not None else torch.empty((Bsz, Hv, V), dtype=v.dtype, device=v.device)
-    y.zero_()
-    if not live:
-        return y
-    rows = torch.tensor(live, device=q.device)
-    h0 = _gather(ssm_states, [idx[i] for i in live], [True] * len(live))
-    o, hT = fn(q[rows][:, None], k[rows][:, None], v[rows][:, None], g=g[rows][:, None], beta=beta[rows][:, None],
-               scale=scale, initial_state=h0, output_final_state=True,
-               use_qk_l2norm_in_kernel=bool(use_qk_l2norm), state_v_first=True)
-    y[rows] = o[:, 0].to(y.dtype)
-    _scatter(ssm_states, [idx[i] for i in live], hT)
+    if Bsz == 0 or ssm_states.shape[0] == 0 or (host_reads_ok() and not host_slots(state_indices, pad_slot_id)[1]):
+        return y.zero_()  # no live row (an empty pool holds none)
+    live = state_indices != pad_slot_id
+    h0 = gather_slots(ssm_states, state_indices, live, torch.float32)
+    o, hT = fn(q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None], scale=scale, initial_state=h0,
+               output_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm), state_v_first=True)
+    y.copy_(mask_rows(o[:, 0], live))
+    scatter_slots(ssm_states, state_indices, live, hT)
     return y
 
 

@@ -43,7 +43,14 @@ offers it alone for a CPU run):
   beta form of SGLang's recurrent decode; the serving path fuses the gate activation into it). In place on
   a contiguous pool, through a scratch copy otherwise (its input guard makes every tensor contiguous, so a
   strided pool would be copied and its update lost). Not supported: scale <= 0.
-* kda_update             <- fla.kda.fused_recurrent_kda on the gathered states of the live rows.
+* kda_update             <- fla.kda.fused_recurrent_kda on states gathered from the pool (every row; zeros
+  for pads), written back for the live rows; pad outputs are zeroed.
+Decode ops (conv update, Mamba state update, GDN / KDA update) read nothing on the host inside
+`harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: pads go to the kernels as
+negative indices or, through a scratch copy, are gathered and scattered on the device
+(`harness.impls.adapters.gather_slots` / `scatter_slots`); a batch of pads only is then not recognised and
+runs (no slot read or written), and the Mamba state update without dt_softplus is declined (a negative dt
+cannot be ruled out without reading it).
 * selective_scan_varlen  <- srt.layers.attention.mamba.mamba1.MambaMixer1._selective_scan, SGLang's Mamba-1
   prefill: a PyTorch loop over tokens, per sequence, with the prefill's softplus, D skip and silu gate around
   it as `_forward_prefill` does. Not supported: more than one B/C group.
@@ -60,7 +67,8 @@ import math
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows, no_live_rows,
+                                    scatter_slots, unavailable_reason)
 from harness.impls.adapters._sglang_stubs import STUBS
 from harness.impls.adapters._source import PeerSource
 from harness.impls.registry import Impl, register
@@ -166,7 +174,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
     _on_gpu(x, "causal_conv1d_update")
     _conv_width(weight)
-    if not host_slots(conv_state_indices, pad_slot_id)[1]:
+    if no_live_rows(conv_state_indices, pad_slot_id, conv_states):
         return _idle(x.shape, x, out)
     upd = import_peer(_CONV).causal_conv1d_update
     y = upd(x, conv_states, weight, bias, activation, conv_state_indices=conv_state_indices.to(torch.int32),
@@ -183,10 +191,14 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     _on_gpu(x, "selective_state_update")
     if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         raise NotImplementedError("sglang selective_state_update: no dt_limit clamp")
+    if not dt_softplus and not host_reads_ok():
+        raise NotImplementedError("sglang selective_state_update: no clamp of negative dt to 0 without "
+                                  "dt_softplus, and inside no_index_checks() dt is not read on the host to rule "
+                                  "a negative one out")
     if not dt_softplus and bool(((dt if dt_bias is None else dt + dt_bias[None]) < 0).any()):
         raise NotImplementedError("sglang selective_state_update: no clamp of negative dt to 0 "
                                   "(the contract's default dt_limit lower bound)")
-    if not host_slots(state_batch_indices, pad_slot_id)[1]:
+    if no_live_rows(state_batch_indices, pad_slot_id, state):
         return _idle(x.shape, x, out)
     ssu = import_peer(_SSU).selective_state_update
     f32 = dict(dtype=torch.float32, device=x.device)
@@ -377,15 +389,20 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
         raise NotImplementedError("sglang fused_recurrent_gated_delta_rule_update: scale must be positive")
     if q.dtype == torch.float64:
         raise NotImplementedError("sglang fused_recurrent_gated_delta_rule_update: no float64")
-    idx, live = host_slots(state_indices, pad_slot_id)
-    if not live:  # an empty batch, or pads only
+    if no_live_rows(state_indices, pad_slot_id, ssm_states):  # an empty batch, or pads only
         return _idle(v.shape, v, out)
-    slots = [s if s != pad_slot_id else None for s in idx]
-    states, sidx = _states_for(ssm_states, slots, [True] * len(idx), _in_place_ok(ssm_states, "gdn"))
+    live = state_indices != pad_slot_id
+    if _in_place_ok(ssm_states, "gdn"):  # the pool itself, pads as -1 (the kernel skips negative indices)
+        states, sidx = ssm_states, torch.where(live, state_indices, -1).to(torch.int32)
+    else:  # a scratch copy of the named slots, one row per batch row
+        states = gather_slots(ssm_states, state_indices, live)
+        rows = torch.arange(state_indices.shape[0], dtype=torch.int32, device=q.device)
+        sidx = torch.where(live, rows, -1)
     o = import_peer(_REC).fused_recurrent_gated_delta_rule_update(
         q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], scale=scale,
         initial_state_source=states, initial_state_indices=sidx, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
-    _write_back(ssm_states, states, slots)
+    if states is not ssm_states:
+        scatter_slots(ssm_states, state_indices, live, states)
     return _emit(o[:, 0].to(v.dtype), out)
 
 
@@ -396,20 +413,16 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     _on_gpu(q, "fused_recurrent_kda")
     if q.dtype == torch.float64:
         raise NotImplementedError("sglang fused_recurrent_kda: no float64")
-    idx, live = host_slots(state_indices, pad_slot_id)
-    y = _idle(v.shape, v, out)  # pad rows stay zero
-    if not live:  # an empty batch, or pads only
-        return y
-    dev = q.device
-    rows = torch.tensor(live, device=dev)
-    slots = torch.tensor([idx[i] for i in live], device=dev)
-    h = ssm_states[slots].contiguous()
+    if no_live_rows(state_indices, pad_slot_id, ssm_states):  # an empty batch, or pads only
+        return _idle(v.shape, v, out)
+    live = state_indices != pad_slot_id
+    h = gather_slots(ssm_states, state_indices, live)  # every row; zeros for pads
     o, hT = import_peer(_KDA).fused_recurrent_kda(
-        q[rows][:, None], k[rows][:, None], v[rows][:, None], g[rows][:, None], beta[rows][:, None], scale=scale,
-        initial_state=h, inplace_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
-    y[rows] = o[:, 0].to(y.dtype)
-    ssm_states[slots] = hT
-    return y
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], scale=scale, initial_state=h,
+        inplace_final_state=True, use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    scatter_slots(ssm_states, state_indices, live, hT)
+    y = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    return y.copy_(mask_rows(o[:, 0], live))
 
 
 # ---- Mamba-1 prefill ---------------------------------------------------------------------------------------

@@ -40,7 +40,14 @@ behind our stubs (`_vllm_stubs`); where vllm itself is installed, the same modul
 * kda_update <- the same package's fused_recurrent_kda_fwd (use_gate_in_kernel=False), q/k/v as views of
   one packed buffer as vLLM passes them.
 The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a live request on slot 0 is
-declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves. They index the pool
+declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves (their output rows are
+left as the kernels leave them: unspecified, as the contract allows).
+Decode ops (conv update, Mamba state update, GDN / KDA update) read nothing on the host inside
+`harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: the pool and the slot ids go to the
+kernels as they are, and the host-side declines that need the indices or dt are not decided there: a live
+request on slot 0 is not looked for (live slot ids must be > 0 there, as the benchmark's are: slots 1..B),
+a batch of pads only reaches the kernels (which skip every row), and the Mamba state update without
+dt_softplus is declined (a negative dt cannot be ruled out without reading it). They index the pool
 as dense slots, so a pool whose slots are not contiguous inside is declined. The chunked GDN/KDA prefill
 runs the live non-empty sequences with states gathered from and written back to the pool on the device
 (as vLLM's mixers do around these kernels), which serves slot 0 too; an empty live request keeps its
@@ -61,7 +68,7 @@ import types
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters import host_reads_ok, host_slots, import_peer, no_live_rows, unavailable_reason
 from harness.impls.adapters._source import PeerSource
 from harness.impls.adapters._vllm_stubs import STUBS
 from harness.impls.adapters.fla import _gather, _scatter, _varlen
@@ -116,10 +123,6 @@ def _idle(like, out):
     Nothing reaches the kernels (vLLM launches none for an empty batch; an empty one trips their asserts)."""
     y = out if out is not None else torch.empty(like.shape, dtype=like.dtype, device=like.device)
     return y.zero_()
-
-
-def _no_live(indices, pad_slot_id) -> bool:
-    return not host_slots(indices, pad_slot_id)[1]
 
 
 # ----------------------------------------------------------------------------------------------- conv
@@ -182,7 +185,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
                                               pad_slot_id, out)
     if K > 6:
         raise NotImplementedError(f"vllm causal_conv1d_update: kernel widths 2..6 only, got {K}")
-    if _no_live(conv_state_indices, pad_slot_id):
+    if no_live_rows(conv_state_indices, pad_slot_id, conv_states):
         return _idle(x, out)
     y = out if out is not None else torch.empty_like(x)
     res = import_peer(_CONV).causal_conv1d_update(x, conv_states, weight, bias, activation,
@@ -197,6 +200,9 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
 def _no_dt_clamp(dt, dt_bias, dt_softplus, dt_limit, who):
     if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         raise NotImplementedError(f"vllm {who}: no dt_limit clamp")
+    if not dt_softplus and not host_reads_ok():
+        raise NotImplementedError(f"vllm {who}: no clamp of negative dt to 0 without dt_softplus, and inside "
+                                  "no_index_checks() dt is not read on the host to rule a negative one out")
     if not dt_softplus and bool(((dt if dt_bias is None else dt + dt_bias) < 0).any()):
         raise NotImplementedError(f"vllm {who}: no clamp of negative dt to 0 (the contract's default dt_limit "
                                   "lower bound) without dt_softplus")
@@ -209,7 +215,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     if layout[0] == "mamba1" and layout[4] != 1:
         raise NotImplementedError("vllm selective_state_update (Mamba-1 layout): one group of B/C only")
     _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
-    if _no_live(state_batch_indices, pad_slot_id):
+    if no_live_rows(state_batch_indices, pad_slot_id, state):
         return _idle(x, out)
     ssu = import_peer(_SSU).selective_state_update
     y = out if out is not None else torch.empty_like(x)
@@ -298,11 +304,17 @@ def _check_pool(pool, who):
 
 
 def _decline_slot0(indices, pad_slot_id, who):
+    """The recurrent kernels skip every row whose slot index is <= 0 (the null block). Where the host may read
+    the indices a live request on slot 0 is declined; inside `no_index_checks()` (CUDA-graph capture, the
+    benchmark loop) it is not looked for: there live slot ids must be > 0, as the benchmark's are (slots
+    1..B), or that row's output is unspecified and its state is not updated."""
+    if pad_slot_id > 0:
+        raise NotImplementedError(f"vllm {who}: pads must be slot ids <= 0 (its null block), got {pad_slot_id}")
+    if not host_reads_ok():
+        return
     idx, live = host_slots(indices, pad_slot_id)
     if any(idx[i] == 0 for i in live):
         raise NotImplementedError(f"vllm {who}: slot index <= 0 is its null block (a live request on slot 0)")
-    if pad_slot_id > 0:
-        raise NotImplementedError(f"vllm {who}: pads must be slot ids <= 0 (its null block), got {pad_slot_id}")
 
 
 def _chunked(fn):
@@ -343,7 +355,7 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
     _check_pool(ssm_states, who)
     if scale is not None and scale <= 0:
         raise NotImplementedError(f"vllm {who}: scale > 0 only (it asserts), got {scale}")
-    if _no_live(state_indices, pad_slot_id):
+    if no_live_rows(state_indices, pad_slot_id, ssm_states):
         return _idle(v, out)
     cu = torch.arange(Bsz + 1, dtype=torch.int32, device=q.device)
     o, _ = import_peer(_GDN_REC).fused_recurrent_gated_delta_rule(
@@ -360,7 +372,8 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     who = "fused_recurrent_kda"
     _decline_slot0(state_indices, pad_slot_id, who)
     _check_pool(ssm_states, who)
-    if _no_live(state_indices, pad_slot_id):  # (B = 0 would also fail its stride asserts on the packed views)
+    # (B = 0 would also fail its stride asserts on the packed views)
+    if no_live_rows(state_indices, pad_slot_id, ssm_states):
         return _idle(v, out)
     # vLLM passes q, k, v as views of one packed projection (one token stride for all three)
     qkv = torch.cat([q.reshape(Bsz, H * K), k.reshape(Bsz, H * K), v.reshape(Bsz, H * V)], dim=1)
