@@ -105,15 +105,19 @@ def _is_real(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 def check_pad_slot_id(pad_slot_id):
-    if not _is_int(pad_slot_id):
-        fail("pad_slot_id", "an int (default -1)", repr(pad_slot_id))
+    """An int that an int64 slot-id tensor can hold (kernels compare slot ids with it)."""
+    if not _is_int(pad_slot_id) or not _INT64[0] <= pad_slot_id <= _INT64[1]:
+        fail("pad_slot_id", "an int in the int64 range (default -1)", repr(pad_slot_id))
 
 
 def check_indices(arg, idx, n, num_slots, pad_slot_id, values=None):
     """Slot ids: (n,) int, each in [0, num_slots) or the pad id, live ones distinct. `values`: the ids
     already read to the host (else they are read here)."""
-    if type(pad_slot_id) is not int:
+    if type(pad_slot_id) is not int or not _INT64[0] <= pad_slot_id <= _INT64[1]:
         check_pad_slot_id(pad_slot_id)
     check_tensor(arg, idx, shape=(n,), dtypes=INT_DTYPES)
     if _INDEX_CHECKS[-1] and n:

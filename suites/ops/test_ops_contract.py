@@ -68,6 +68,7 @@ def _mutations():
             i, p = sp.index, sp.pool
             m.append((case, "pad_slot_id 1.5", "pad_slot_id", lambda k: k.__setitem__("pad_slot_id", 1.5)))
             m.append((case, "pad_slot_id None", "pad_slot_id", lambda k: k.__setitem__("pad_slot_id", None)))
+            m.append((case, "pad_slot_id past int64", "pad_slot_id", lambda k: k.__setitem__("pad_slot_id", 1 << 70)))
             m.append((case, "slot ids on the meta device", i, lambda k, i=i: k.__setitem__(i, k[i].to("meta"))))
             m.append((case, "pool whose slots share memory", p,
                       lambda k, p=p: k.__setitem__(p, k[p][:1].expand(k[p].shape))))
