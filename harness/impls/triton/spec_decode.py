@@ -4,11 +4,13 @@ layouts) and `causal_conv1d_update_spec`.
 The one-token decode kernels (selective_state_update.py, conv1d.py) with a row's up to S = num_spec + 1
 tokens walked inside the program. One program per (row, head, block of P rows) (Mamba-2), per (row, block
 of channels) (Mamba-1, conv). A program reads its row's start slot
-(state_indices[b, num_accepted_tokens[b] - 1]) once into registers, then for each position j < S (unrolled,
-S is a compile-time constant) advances the state by token query_start_loc[b] + j in fp32 (fp64 for fp64
-inputs), writes the output and stores the state to slot state_indices[b, j]. Positions past the row's
-tokens are computed on a stand-in token and masked off (no control flow, all loads issuable up front).
-A row without tokens or whose start slot is the pad id reads and writes nothing. Slot ids are distinct
+(state_indices[b, num_accepted_tokens[b] - 1]) once into registers, then for each of the row's positions j
+advances the state by token query_start_loc[b] + j in fp32 (fp64 for fp64 inputs), writes the output and
+stores the state to slot state_indices[b, j] (unless it is the pad id). The SSM kernels loop over the row's
+tokens (fewer live registers than an unrolled walk; a short row costs only its tokens); the conv kernel,
+whose window is a tuple of K-1 vectors, walks all S positions unrolled (S is a compile-time constant) and
+masks off those past the row's tokens, computed on a stand-in token. A row without tokens or whose start
+slot is the pad id reads and writes nothing. Slot ids are distinct
 over the whole table, so a program is the only reader and writer of its row's slots' tile, and its start
 state is in registers before its first store: no race, one launch, no host synchronisation (the layout's
 value checks run in the op's validation, which `no_index_checks()` skips). Offsets are int64.
@@ -51,8 +53,8 @@ def _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S: tl.constexpr):
 
 @triton.jit
 def _pos(tab_ptr, b, j, start, ntok, st0, st1, pad_id):
-    """Position j of the row: its token (token 0 past the row's end: a stand-in, masked off), whether it is a
-    token of the row, whether its slot is written, and the slot (0 for a pad)."""
+    """Position j of the row: its token (token 0 past the row's end: a stand-in, to be masked off), whether it
+    is a token of the row, whether its slot is a live id, and the slot (0 for a pad)."""
     on = j < ntok
     t = tl.where(on, start + j, 0)
     slot = tl.load(tab_ptr + b * st0 + j * st1).to(tl.int64)
@@ -76,9 +78,10 @@ def _spec_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
     n = tl.arange(0, BN).to(tl.int64)
     pm = p < P
     nm = n < N
-    zero = p * 0  # masks are built as vectors (the interpreter mishandles vector & scalar bools)
+    zero = tl.arange(0, BP) * 0  # masks are built as vectors (the interpreter mishandles vector & scalar bools)
     start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
-    tile = h * ss1 + p[:, None] * ss2 + n[None, :] * ss3
+    # offsets inside a slot fit int32 (fewer registers: the tile's addresses are formed at each access)
+    tile = h.to(tl.int32) * ss1 + p.to(tl.int32)[:, None] * ss2 + n.to(tl.int32)[None, :] * ss3
     m2 = pm[:, None] & nm[None, :]
     s = tl.load(st_ptr + init * ss0 + tile, mask=m2 & ((zero + ntok) > 0)[:, None], other=0.0).to(ACC)
     a = tl.load(a_ptr + h * sa0).to(ACC)
@@ -89,7 +92,7 @@ def _spec_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
             dv = tl.load(d_ptr + h * sd0 + p * sd1, mask=pm, other=0.0).to(ACC)
         else:
             dv = tl.load(d_ptr + h * sd0).to(ACC)
-    for j in tl.static_range(S):
+    for j in range(0, ntok):
         t, on, wr, slot = _pos(tab_ptr, b, j, start, ntok, st0, st1, pad_id)
         xv = tl.load(x_ptr + t * sx0 + h * sx1 + p * sx2, mask=pm, other=0.0).to(ACC)
         dtv = tl.load(dt_ptr + t * sdt0 + h * sdt1).to(ACC)
@@ -108,9 +111,8 @@ def _spec_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
         if HAS_Z:
             zv = tl.load(z_ptr + t * sz0 + h * sz1 + p * sz2, mask=pm, other=0.0).to(ACC)
             y = y * zv / (1.0 + tl.exp(-zv))
-        onv = (zero + on.to(tl.int64)) != 0
-        tl.store(y_ptr + t * sy0 + h * sy1 + p * sy2, y.to(y_ptr.dtype.element_ty), mask=pm & onv)
-        wv = onv & ((zero + wr.to(tl.int64)) != 0)
+        tl.store(y_ptr + t * sy0 + h * sy1 + p * sy2, y.to(y_ptr.dtype.element_ty), mask=pm)
+        wv = (zero + wr.to(tl.int32)) != 0
         tl.store(st_ptr + slot * ss0 + tile, s.to(st_ptr.dtype.element_ty), mask=m2 & wv[:, None])
 
 
@@ -134,9 +136,10 @@ def _spec_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
     m2 = dm[:, None] & nm[None, :]
     g0 = (pd * BD) // CPG
     g = (d // CPG).to(tl.int64)
-    zero = d64 * 0
+    zero = d * 0
     start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
-    tile = d64[:, None] * ss1 + n64[None, :] * ss2
+    # offsets inside a slot fit int32 (fewer registers: the tile's addresses are formed at each access)
+    tile = d[:, None] * ss1 + n64.to(tl.int32)[None, :] * ss2
     s = tl.load(st_ptr + init * ss0 + tile, mask=m2 & ((zero + ntok) > 0)[:, None], other=0.0).to(ACC)
     a = tl.load(a_ptr + d64[:, None] * sa0 + n64[None, :] * sa1, mask=m2, other=0.0).to(ACC)
     if not LIM_F64:
@@ -145,7 +148,7 @@ def _spec_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
         dtb = tl.load(dtb_ptr + d64 * sdtb0, mask=dm, other=0.0).to(ACC)
     if HAS_D:
         dsk = tl.load(d_ptr + d64 * sd0, mask=dm, other=0.0).to(ACC)
-    for j in tl.static_range(S):
+    for j in range(0, ntok):
         t, on, wr, slot = _pos(tab_ptr, b, j, start, ntok, st0, st1, pad_id)
         xv = tl.load(x_ptr + t * sx0 + d64 * sx1, mask=dm, other=0.0).to(ACC)
         dtv = tl.load(dt_ptr + t * sdt0 + d64 * sdt1, mask=dm, other=0.0).to(ACC)
@@ -177,9 +180,8 @@ def _spec_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
                 y = y * zv / (1.0 + tl.exp(-zv))
             else:
                 y = y * zv / (1.0 + tl.exp2(zv * -1.4426950408889634))
-        onv = (zero + on.to(tl.int64)) != 0
-        tl.store(y_ptr + t * sy0 + d64 * sy1, y.to(y_ptr.dtype.element_ty), mask=dm & onv)
-        wv = onv & ((zero + wr.to(tl.int64)) != 0)
+        tl.store(y_ptr + t * sy0 + d64 * sy1, y.to(y_ptr.dtype.element_ty), mask=dm)
+        wv = (zero + wr.to(tl.int32)) != 0
         tl.store(st_ptr + slot * ss0 + tile, s.to(st_ptr.dtype.element_ty), mask=m2 & wv[:, None])
 
 
