@@ -2,8 +2,8 @@
 `selective_state_update_spec` in both layouts and `causal_conv1d_update_spec`) on the edges of their layout,
 against the float64 oracle.
 
-A program walks its row's positions unrolled to num_spec + 1 and masks off those past the row's tokens, reads
-the start slot once and writes every position's slot after its token. Cases: rows of every length from 0 to
+A program reads its row's start slot once and writes every position's slot after its token (the SSM kernels
+loop over the row's tokens, the conv kernel walks all num_spec + 1 positions and masks off those past them). Cases: rows of every length from 0 to
 num_spec + 1 in one batch, every start position, a row that overwrites its own start slot (and one that
 starts past its tokens, leaving it untouched), pad entries inside a live row's slot table, padding rows,
 a slot table that is a non-contiguous (transposed) view with int64 ids, strided pools (page-major, and

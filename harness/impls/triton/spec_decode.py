@@ -80,7 +80,7 @@ def _spec_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
     nm = n < N
     zero = tl.arange(0, BP) * 0  # masks are built as vectors (the interpreter mishandles vector & scalar bools)
     start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
-    # offsets inside a slot fit int32 (fewer registers: the tile's addresses are formed at each access)
+    # offsets inside a slot (< 2^31 elements) in int32: fewer registers than int64 tile offsets
     tile = h.to(tl.int32) * ss1 + p.to(tl.int32)[:, None] * ss2 + n.to(tl.int32)[None, :] * ss3
     m2 = pm[:, None] & nm[None, :]
     s = tl.load(st_ptr + init * ss0 + tile, mask=m2 & ((zero + ntok) > 0)[:, None], other=0.0).to(ACC)
@@ -138,7 +138,7 @@ def _spec_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
     g = (d // CPG).to(tl.int64)
     zero = d * 0
     start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
-    # offsets inside a slot fit int32 (fewer registers: the tile's addresses are formed at each access)
+    # offsets inside a slot (< 2^31 elements) in int32: fewer registers than int64 tile offsets
     tile = d[:, None] * ss1 + n64.to(tl.int32)[None, :] * ss2
     s = tl.load(st_ptr + init * ss0 + tile, mask=m2 & ((zero + ntok) > 0)[:, None], other=0.0).to(ACC)
     a = tl.load(a_ptr + d64[:, None] * sa0 + n64[None, :] * sa1, mask=m2, other=0.0).to(ACC)
