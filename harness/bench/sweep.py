@@ -78,6 +78,13 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (32, 4, 4, 1, 1), (64, 4, 2, 1, 1), (32, 8, 8, 1, 1), (16, 4, 2, 2, 1), (16, 8, 4, 2, 1),
             (32, 4, 2, 1, 0)]), applies=_layout("mamba1")),
     ],
+    "selective_state_update_spec": [
+        SweepGroup("mamba2", "spec_decode", _grid(m2_bp=(4, 8, 16, 32), m2_warps=(2, 4, 8)), applies=_layout("mamba2")),
+        SweepGroup("mamba1", "spec_decode", _grid(m1_bd=(16, 32, 64, 128), m1_warps=(1, 2, 4)),
+                   applies=_layout("mamba1")),
+    ],
+    "causal_conv1d_update_spec": [SweepGroup("update", "spec_decode", _grid(conv_bd=(128, 256, 512, 1024),
+                                                                            conv_warps=(1, 2, 4, 8)))],
     "gated_delta_rule_varlen": [
         # the per-sequence state scan: value rows per program (programs at batch 1: Hv * V / bv), warps, stages
         SweepGroup("scan", "delta_rule_chunk", _rows(("bv", "scan_warps", "scan_stages"), [

@@ -90,6 +90,7 @@ SPEC = OpSpec(
         "cpu": [dict(B=8, D=64, K=4, num_spec=2)],
         "gpu": [dict(B=64, D=10240, K=4, num_spec=3), dict(B=256, D=10240, K=4, num_spec=1)],
         "contract": [dict(B=2, D=4, K=3, num_spec=2, optional=False)],
+        "aot": [dict(B=5, D=96, K=4, num_spec=3), dict(B=5, D=96, K=4, num_spec=3, optional=False)],
     },
     bad_inputs=(("kernel width 9", "weight", _width9),) + SD.bad_inputs("conv_state_indices"),
     doc=__doc__,

@@ -113,6 +113,8 @@ SPEC = OpSpec(
                 dict(layout="mamba1", B=256, Dm=8192, N=16, G=1, num_spec=3)],
         "contract": [dict(layout="mamba2", B=2, H=2, P=3, N=4, G=1, num_spec=2, optional=False),
                      dict(layout="mamba1", B=2, Dm=4, N=3, G=1, num_spec=2, optional=False)],
+        "aot": [dict(layout="mamba1", B=5, Dm=64, N=16, G=1, num_spec=3, optional=o) for o in (True, False)]
+        + [dict(layout="mamba2", B=5, H=8, P=16, N=32, G=2, num_spec=3, optional=o) for o in (True, False)],
     },
     bad_inputs=(("B with a group count not dividing", "B", _bad_groups),
                 ("D of wrong shape", "D", _bad_d)) + SD.bad_inputs("state_batch_indices"),
