@@ -7,6 +7,7 @@ hit lengths at admission, the scheduler's chunks, the pad rows of the steps); th
 seeding and split-invariance searches with a fixed derandomized budget and requires every event below.
 """
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 import harness.scenarios as sc
 from harness.impls import registry
 
-# the budget (derandomized: the same examples every run); about 30 s on two CPU cores
+# the budget (derandomized: the same examples every run); about 22 s on two CPU cores
 SEEDING_EXAMPLES = 120
 SPLIT_EXAMPLES = 20
 SEARCH = settings(derandomize=True, database=None, deadline=None, phases=[Phase.generate, Phase.target],
@@ -74,7 +75,7 @@ def test_scen_coverage_fails_without_shared_prefixes(monkeypatch):
 
     def unshared(**kw):
         def own_first_token(case):
-            return sc.replace(case, prompts=tuple((i,) + p[1:] for i, p in enumerate(case.prompts)))
+            return replace(case, prompts=tuple((i,) + p[1:] for i, p in enumerate(case.prompts)))
         return original(**kw).map(own_first_token)
 
     monkeypatch.setattr(sc, "scenarios", unshared)

@@ -1,8 +1,8 @@
 """Engine scenario properties (harness/scenarios.py) for every selected implementation on the device.
 
-Each test draws request sets on tiny models (1-6 requests, prompts up to 40 tokens sharing prefixes,
-tracked and untracked, one or two waves, token budgets 1-64, block sizes 8/16, chunk boundaries
-anywhere, decode padding, layer-major and page-major pools) and asserts one property; the oracle is
+Each test draws request sets on tiny models (1-6 requests, prompts up to 40 tokens (48 when seeding)
+sharing prefixes, tracked and untracked, one to three waves, token budgets 1-64, block sizes 8/16, chunk
+boundaries anywhere, decode padding, layer-major and page-major pools) and asserts one property; the oracle is
 the float64 reference model run one request at a time. On the CPU, implementations run in float64.
 """
 from dataclasses import replace
