@@ -35,14 +35,19 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
+from hypothesis import currently_in_test_context, event, target
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from harness.testing.checks import Tolerance, compare, tolerance_for
 from harness.engine import families as engine_families
+from harness.engine.pool import PAD_SLOT_ID
 from harness.engine.runner import EngineRunner, random_chunk_fn
 from harness.engine.scheduler import Request
 from reference import families
@@ -184,18 +189,29 @@ def scenarios(draw, families=FAMILIES, modes=MODES, min_requests: int = 1, max_r
     """Request sets on tiny models: shared prefixes, tracked/untracked, waves, budgets, chunking."""
     family = draw(st.sampled_from(families))
     n = draw(st.integers(min_requests, max_requests))
+    block_size = draw(st.sampled_from(block_sizes))
+    cache_mode = draw(st.sampled_from(modes))
     # token values come from seeded PRNGs so that lengths (not values) carry the distribution: long
-    # shared prefixes (>= a block) are common, and shrinking shortens prompts rather than zeroing tokens
-    base_len = draw(st.integers(min(min_base, max_prompt), max_prompt))
+    # shared prefixes (>= a block) are common, and shrinking shortens prompts rather than zeroing tokens.
+    # A base of whole blocks (half the time) and prompts that are exactly a shared prefix make
+    # whole-prompt and multi-block prefix-cache hits common enough for a CI-sized search to meet them.
+    lo = min(min_base, max_prompt)
+    whole_blocks = [k for k in range(block_size, max_prompt + 1, block_size) if k >= lo]
+    whole_blocks = [k for k in whole_blocks if k >= 2 * block_size] or whole_blocks  # several blocks
+    base_len = draw(st.one_of(st.integers(lo, max_prompt), st.sampled_from(whole_blocks))
+                    if whole_blocks else st.integers(lo, max_prompt))
     base = _tokens(draw(st.integers(0, 1 << 16)), base_len)
     prompts = []
     for _ in range(n):
-        share = draw(st.one_of(st.just(base_len), st.integers(0, base_len)))
-        own_len = draw(st.integers(0 if share else 1, max(1, min(12, max_prompt - share))))
+        share = draw(st.one_of(st.just(base_len), st.just(base_len), st.integers(0, base_len)))
+        own = st.integers(0 if share else 1, max(1, min(12, max_prompt - share)))
+        own_len = draw(st.one_of(st.just(0), own) if share else own)
         prompts.append(tuple(base[:share]) + _tokens(draw(st.integers(0, 1 << 16)), own_len))
     news = tuple(draw(st.integers(1, max_new)) for _ in range(n))
-    track = tuple(draw(st.booleans()) for _ in range(n))
-    nw = draw(st.integers(1, min(max_waves, n)))
+    # mostly tracked requests in several waves: later waves then find earlier waves' snapshots
+    track = tuple(draw(st.one_of(st.just(True), st.booleans())) for _ in range(n))
+    most_waves = min(max_waves, n)
+    nw = draw(st.one_of(st.just(most_waves), st.integers(1, most_waves)))
     cuts = sorted(draw(st.lists(st.integers(1, max(1, n - 1)), min_size=nw - 1, max_size=nw - 1, unique=True))) \
         if n > 1 else []
     bounds = [0] + cuts + [n]
@@ -203,11 +219,28 @@ def scenarios(draw, families=FAMILIES, modes=MODES, min_requests: int = 1, max_r
     use_chunks = draw(st.booleans()) if chunked is None else chunked
     return Scenario(
         family=family, model_seed=draw(st.integers(*seeds)), prompts=tuple(prompts), max_new=news, track=track,
-        waves=waves, token_budget=draw(st.integers(*budgets)), block_size=draw(st.sampled_from(block_sizes)),
-        cache_mode=draw(st.sampled_from(modes)),
+        waves=waves, token_budget=draw(st.integers(*budgets)), block_size=block_size, cache_mode=cache_mode,
         chunk_seed=draw(st.integers(0, 1000)) if use_chunks else None,
         num_slots=draw(st.integers(1, max_slots)), layout=draw(st.sampled_from(layouts)),
         decode_pad=draw(st.sampled_from(pads)))
+
+
+# The searches of the split-invariance and seeding suites (suites/scenarios/test_scen_properties.py);
+# test_scen_coverage.py requires them to meet every rare engine event (``scenarios`` is looked up when
+# called, so a replaced strategy is what they draw from).
+SPLIT_SEARCH = dict(max_requests=3, max_prompt=24, budgets=(1, 12), chunked=True, max_waves=1)
+SEEDING_SEARCH = dict(min_requests=2, max_requests=5, modes=("none", "align", "align", "all", "all"), max_waves=3,
+                      block_sizes=(8, 16), min_base=9, max_prompt=48)
+
+
+def split_scenarios():
+    """The request sets the split-invariance suite draws: a few short chunked prompts, one wave."""
+    return scenarios(**SPLIT_SEARCH)
+
+
+def seeding_scenarios():
+    """The request sets the seeding suite draws: long shared prefixes, up to three waves."""
+    return scenarios(**SEEDING_SEARCH)
 
 
 # ============================================================================ runner factory
@@ -346,15 +379,115 @@ def check_same_results(a: dict, b: dict, case: Scenario, make_runner, what: str,
 
 
 def run_case(case: Scenario, make_runner, *, waves=None, order=None, **over):
-    """Run the scenario's waves on one runner; returns (results by request id, runner)."""
+    """Run the scenario's waves on one runner; returns (results by request id, runner). The engine
+    events of the run (:func:`engine_events`) are reported to hypothesis and to the active recorders."""
     model = tiny_model(case.family, case.model_seed)
     runner = make_runner(model, **case.runner_kwargs(**over))
+    watch = _EngineWatch(runner)
     results = {}
     for wave in (waves if waves is not None else case.waves):
         idx = list(wave) if order is None else [i for i in order if i in wave]
         if idx:
             results.update(runner.run(case.requests(idx)))
+    report_events(engine_events(case, results, runner, watch))
     return results, runner
+
+
+# ============================================================================ coverage events
+
+# Rare engine events: a property that never meets one cannot catch a bug that lives there. Each is
+# derived from what the engine did (the prefix cache's contents and hit lengths at admission, the
+# scheduler's chunks, the pad rows of the steps' metadata), not from what the strategy meant to draw.
+EVENT_FAMILY = "scenario of family {family}"
+EVENT_WHOLE_PROMPT_HIT = "whole-prompt prefix-cache hit"
+EVENT_MULTI_BLOCK_HIT = "multi-block prefix-cache hit (mode {mode}, block {block})"
+EVENT_CHUNK_CROSSES_BLOCK = "prefill chunk crossing a block boundary"
+EVENT_SEEDED_THEN_CHUNKED = "request seeded from a cached prefix, then chunk-prefilled"
+EVENT_DECODE_PADS = "decode step with pad rows"
+
+_RECORDERS: list = []
+
+
+@contextmanager
+def recording_events():
+    """Collect the engine events of every scenario run inside the block: yields a Counter (event ->
+    number of runs that met it)."""
+    seen = Counter()
+    _RECORDERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDERS.remove(seen)
+
+
+def report_events(events) -> None:
+    """Count `events` in the active recorders and, inside a hypothesis test, as hypothesis events
+    (shown by ``--hypothesis-show-statistics``)."""
+    for rec in _RECORDERS:
+        rec.update(events)
+    if currently_in_test_context():
+        for e in events:
+            event(e)
+
+
+def report_targets(case: Scenario, results: dict) -> None:
+    """Steer a hypothesis search towards long prefix-cache hits in every cache mode and block size: the
+    longest hit of `results` in blocks, under a label per (mode, block size). Hypothesis takes one
+    observation per label and test case: where one test case runs several properties (``harness
+    selftest``), the first one's counts."""
+    if currently_in_test_context() and case.cache_mode != "none":
+        try:
+            target(max((r.num_cached for r in results.values()), default=0) / case.block_size,
+                   label=f"prefix-cache hit blocks (mode {case.cache_mode}, block {case.block_size})")
+        except InvalidArgument:  # this label was observed by an earlier property of the test case
+            pass
+
+
+class _EngineWatch:
+    """Observes a runner's admissions (whether the prefix cache held the WHOLE prompt when the request
+    was admitted; the engine then seeds from the longest shorter prefix) and its steps' pad rows."""
+
+    def __init__(self, runner: EngineRunner):
+        self.whole_prompt_cached = 0
+        self.pad_steps = 0
+        cache, forward = runner.cache, runner.forward
+
+        def lookup(tokens, max_tokens=None):
+            if max_tokens is not None and max_tokens < len(tokens) and tuple(tokens) in cache:
+                self.whole_prompt_cached += 1
+            return type(cache).lookup(cache, tokens, max_tokens)
+
+        def forward_watched(tokens, md):
+            if bool((md.state_indices == PAD_SLOT_ID).any()):
+                self.pad_steps += 1
+            return forward(tokens, md)
+
+        cache.lookup = lookup
+        runner.forward = forward_watched
+
+
+def engine_events(case: Scenario, results: dict, runner: EngineRunner, watch: _EngineWatch) -> list[str]:
+    """The rare events one engine run met (see the EVENT_* names)."""
+    bs, mode = runner.cache.block_size, runner.cache.mode
+    events = [EVENT_FAMILY.format(family=runner.cfg.family)]
+    if watch.whole_prompt_cached:
+        events.append(EVENT_WHOLE_PROMPT_HIT)
+    if watch.pad_steps:
+        events.append(EVENT_DECODE_PADS)
+    multi = crossing = seeded_chunked = False
+    for res in results.values():
+        prefills = [(start, start + n) for _, start, n, is_decode in res.steps if not is_decode]
+        multi |= res.num_cached >= 2 * bs
+        if len(prefills) > 1:  # the prompt's remainder took several chunks
+            crossing |= any(a // bs < (b - 1) // bs for a, b in prefills)
+            seeded_chunked |= res.num_cached > 0
+    if multi:
+        events.append(EVENT_MULTI_BLOCK_HIT.format(mode=mode, block=bs))
+    if crossing:
+        events.append(EVENT_CHUNK_CROSSES_BLOCK)
+    if seeded_chunked:
+        events.append(EVENT_SEEDED_THEN_CHUNKED)
+    return events
 
 
 # ============================================================================ properties
@@ -363,6 +496,7 @@ def prop_matches_reference(case: Scenario, make_runner, check=None):
     """Every request of the scenario (its waves, chunks, cache, padding) equals the float64 oracle run
     on that request alone: step logits, tie-aware tokens, final state, and every prefix-cache snapshot."""
     results, runner = run_case(case, make_runner)
+    report_targets(case, results)
     check_against_reference(case, results, make_runner, snapshot_log=runner.snapshot_log, check=check)
 
 
@@ -372,6 +506,7 @@ def prop_split_invariance(case: Scenario, make_runner, check=None):
     whole-prompt computation, and the same engine with whole prefills (one chunk per prompt)."""
     chunked = case if case.chunk_seed is not None else replace(case, chunk_seed=0)
     res_c, runner = run_case(chunked, make_runner, record_states=True)
+    report_targets(chunked, res_c)
     check_against_reference(chunked, res_c, make_runner, snapshot_log=runner.snapshot_log, every_step=True,
                             check=check, label="chunked")
     whole = replace(case, chunk_seed=None, token_budget=max(case.token_budget,
@@ -385,6 +520,7 @@ def prop_seeding_equivalence(case: Scenario, make_runner, check=None):
     unseeded, tracked and untracked requests) equal computing from scratch: the oracle, and the same
     engine with cache mode none. Every snapshot equals the oracle state at its position."""
     results, runner = run_case(case, make_runner)
+    report_targets(case, results)
     check_against_reference(case, results, make_runner, snapshot_log=runner.snapshot_log, check=check,
                             label=f"cache mode {case.cache_mode}")
     scratch, _ = run_case(replace(case, cache_mode="none"), make_runner)
@@ -397,6 +533,7 @@ def prop_batch_invariance(case: Scenario, make_runner, check=None):
     n = len(case.prompts)
     one = (tuple(range(n)),)
     packed, _ = run_case(case, make_runner, waves=one)
+    report_targets(case, packed)
     check_against_reference(case, packed, make_runner, check=check, label="packed")
     for i in range(n):
         alone, _ = run_case(case, make_runner, waves=((i,),))

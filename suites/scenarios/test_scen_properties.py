@@ -1,8 +1,8 @@
 """Engine scenario properties (harness/scenarios.py) for every selected implementation on the device.
 
-Each test draws request sets on tiny models (1-6 requests, prompts up to 40 tokens sharing prefixes,
-tracked and untracked, one or two waves, token budgets 1-64, block sizes 8/16, chunk boundaries
-anywhere, decode padding, layer-major and page-major pools) and asserts one property; the oracle is
+Each test draws request sets on tiny models (1-6 requests, prompts up to 40 tokens (48 when seeding)
+sharing prefixes, tracked and untracked, one to three waves, token budgets 1-64, block sizes 8/16, chunk
+boundaries anywhere, decode padding, layer-major and page-major pools) and asserts one property; the oracle is
 the float64 reference model run one request at a time. On the CPU, implementations run in float64.
 """
 from dataclasses import replace
@@ -12,7 +12,7 @@ from hypothesis import example, given
 
 from harness.scenarios import (Scenario, factory_for, lacking_ops, prop_batch_invariance, prop_determinism,
                                prop_matches_reference, prop_seeding_equivalence, prop_split_invariance, scenarios,
-                               skip_reason)
+                               seeding_scenarios, skip_reason, split_scenarios)
 from harness.testing import unsupported_skips
 
 BASE = tuple(range(3, 23))  # 20 tokens shared by the seeding examples
@@ -56,7 +56,7 @@ def test_scen_engine_matches_reference(impl, device, check, case):
     prop_matches_reference(case, _factory(impl, device, case.family), check=check)
 
 
-@given(case=scenarios(max_requests=3, max_prompt=24, budgets=(1, 12), chunked=True, max_waves=1))
+@given(case=split_scenarios())
 @example(case=SPLIT_SMALL)
 @example(case=PACKED_M2)
 @example(case=SPLIT_KDA)
@@ -67,8 +67,7 @@ def test_scen_split_invariance(impl, device, check, case):
     prop_split_invariance(case, _factory(impl, device, case.family), check=check)
 
 
-@given(case=scenarios(min_requests=2, max_requests=5, modes=("none", "align", "all", "all"), max_waves=3,
-                      block_sizes=(8, 8, 16), min_base=9))
+@given(case=seeding_scenarios())
 @example(case=SEEDED)
 @example(case=SEEDED_ALIGN)
 @example(case=SEEDED_GDN)
