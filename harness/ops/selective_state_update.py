@@ -94,25 +94,31 @@ def reference(cd, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, *, 
     return _ref.emit(y, x, out)
 
 
-def inputs(shape, dtype, device, gen):
-    B, N, G = shape["B"], shape["N"], shape.get("G", 1)
-    full = shape.get("optional", True)
+def state_update_tensors(shape, dtype, device, gen, rows: int, num_slots: int) -> dict:
+    """The pool and per-token tensors of a state update in the shape's layout, for `rows` tokens and a pool of
+    `num_slots` slots (shared with selective_state_update_spec, which adds its own slot layout)."""
+    N, G = shape["N"], shape.get("G", 1)
     pdt = I.pool_dtype(shape, dtype, dtype)
-    common = dict(B=I.rand(gen, device, B, G, N, dtype=dtype), C=I.rand(gen, device, B, G, N, dtype=dtype),
-                  state_batch_indices=I.slots(shape, B, device)[0], dt_softplus=full)
     if shape["layout"] == "mamba1":
-        Dm = shape["Dm"]
-        return dict(state=I.rand(gen, device, B + 1, Dm, N, dtype=pdt), x=I.rand(gen, device, B, Dm, dtype=dtype),
-                    dt=I.rand(gen, device, B, Dm, dtype=dtype, scale=0.5, shift=-3),
-                    A=-torch.exp(I.rand(gen, device, Dm, N, scale=0.5)), D=I.opt(shape, I.rand(gen, device, Dm)),
-                    z=I.opt(shape, I.rand(gen, device, B, Dm, dtype=dtype)),
-                    dt_bias=I.opt(shape, I.rand(gen, device, Dm, scale=0.1)), **common)
-    H, P = shape["H"], shape["P"]
-    return dict(state=I.rand(gen, device, B + 1, H, P, N, dtype=pdt), x=I.rand(gen, device, B, H, P, dtype=dtype),
-                dt=I.rand(gen, device, B, H, dtype=dtype, scale=0.5, shift=-3),
-                A=-torch.exp(I.rand(gen, device, H, scale=0.5)), D=I.opt(shape, I.rand(gen, device, H)),
-                z=I.opt(shape, I.rand(gen, device, B, H, P, dtype=dtype)),
-                dt_bias=I.opt(shape, I.rand(gen, device, H, scale=0.1)), **common)
+        heads = per_token = (shape["Dm"],)
+        a_shape = (shape["Dm"], N)
+    else:
+        heads, per_token = (shape["H"],), (shape["H"], shape["P"])
+        a_shape = heads
+    return dict(B=I.rand(gen, device, rows, G, N, dtype=dtype), C=I.rand(gen, device, rows, G, N, dtype=dtype),
+                dt_softplus=shape.get("optional", True),
+                state=I.rand(gen, device, num_slots, *per_token, N, dtype=pdt),
+                x=I.rand(gen, device, rows, *per_token, dtype=dtype),
+                dt=I.rand(gen, device, rows, *heads, dtype=dtype, scale=0.5, shift=-3),
+                A=-torch.exp(I.rand(gen, device, *a_shape, scale=0.5)), D=I.opt(shape, I.rand(gen, device, *heads)),
+                z=I.opt(shape, I.rand(gen, device, rows, *per_token, dtype=dtype)),
+                dt_bias=I.opt(shape, I.rand(gen, device, *heads, scale=0.1)))
+
+
+def inputs(shape, dtype, device, gen):
+    B = shape["B"]
+    return dict(state_update_tensors(shape, dtype, device, gen, B, B + 1),
+                state_batch_indices=I.slots(shape, B, device)[0])
 
 
 def nbytes(inp):

@@ -17,13 +17,11 @@ selective_state_update_spec(state, x, dt, A, B, C, D, z, dt_bias, query_start_lo
 """
 from __future__ import annotations
 
-import torch
-
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
 from harness.ops import _spec_decode as SD
 from harness.ops.selective_scan_varlen import _bad_groups
-from harness.ops.selective_state_update import _bad_d, check_layout
+from harness.ops.selective_state_update import _bad_d, check_layout, state_update_tensors
 from harness.ops.spec import OpSpec
 
 
@@ -62,27 +60,10 @@ def reference(cd, state, x, dt, A, B, C, D, z, dt_bias, query_start_loc, state_b
 def inputs(shape, dtype, device, gen):
     """Shape keys: the layout's (as selective_state_update's), `B` rows, `num_spec`; `lens` (optional) the
     rows' token counts and `accepted` their num_accepted_tokens (default: every row full, varied counts)."""
-    Bsz, N, G = shape["B"], shape["N"], shape.get("G", 1)
-    full = shape.get("optional", True)
-    pdt = I.pool_dtype(shape, dtype, dtype)
     lay = SD.layout(shape, device)
-    T, slots = lay["T"], lay["num_slots"]
-    common = dict(B=I.rand(gen, device, T, G, N, dtype=dtype), C=I.rand(gen, device, T, G, N, dtype=dtype),
-                  dt_softplus=full, query_start_loc=lay["query_start_loc"], state_batch_indices=lay["state_indices"],
-                  num_accepted_tokens=lay["num_accepted_tokens"])
-    if shape["layout"] == "mamba1":
-        Dm = shape["Dm"]
-        return dict(state=I.rand(gen, device, slots, Dm, N, dtype=pdt), x=I.rand(gen, device, T, Dm, dtype=dtype),
-                    dt=I.rand(gen, device, T, Dm, dtype=dtype, scale=0.5, shift=-3),
-                    A=-torch.exp(I.rand(gen, device, Dm, N, scale=0.5)), D=I.opt(shape, I.rand(gen, device, Dm)),
-                    z=I.opt(shape, I.rand(gen, device, T, Dm, dtype=dtype)),
-                    dt_bias=I.opt(shape, I.rand(gen, device, Dm, scale=0.1)), **common)
-    H, P = shape["H"], shape["P"]
-    return dict(state=I.rand(gen, device, slots, H, P, N, dtype=pdt), x=I.rand(gen, device, T, H, P, dtype=dtype),
-                dt=I.rand(gen, device, T, H, dtype=dtype, scale=0.5, shift=-3),
-                A=-torch.exp(I.rand(gen, device, H, scale=0.5)), D=I.opt(shape, I.rand(gen, device, H)),
-                z=I.opt(shape, I.rand(gen, device, T, H, P, dtype=dtype)),
-                dt_bias=I.opt(shape, I.rand(gen, device, H, scale=0.1)), **common)
+    return dict(state_update_tensors(shape, dtype, device, gen, lay["T"], lay["num_slots"]),
+                query_start_loc=lay["query_start_loc"], state_batch_indices=lay["state_indices"],
+                num_accepted_tokens=lay["num_accepted_tokens"])
 
 
 def nbytes(inp):

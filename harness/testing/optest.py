@@ -54,6 +54,15 @@ def require(impl, op: str, dtype: torch.dtype | None = None, device: str | None 
             pytest.skip(why)
 
 
+def contract_variants(sp):
+    """(tag, shape) for each contract shape of op spec `sp` as declared and, where the declared one leaves the
+    optional inputs out (dt_bias, D, z, bias, the activation, dt softplus), with every one present."""
+    for i, sh in enumerate(sp.shapes["contract"]):
+        variants = [sh] if sh.get("optional", True) else [sh, {**sh, "optional": True}]
+        for v in variants:
+            yield f"{sh.get('layout', i)}" + ("" if v.get("optional", True) is False else "-full"), v
+
+
 def interp_small(device: str, impl) -> bool:
     """Cases run through the Triton interpreter (slow: ms per program per loop step) must be tiny."""
     return device.startswith("cpu") and impl.name == "triton"

@@ -17,7 +17,7 @@ from harness.impls import registry
 from harness.impls.reference_impl import oracle
 from harness.ops import SPECS
 from harness.testing.checker import Checker
-from harness.testing.optest import interp_small, require
+from harness.testing.optest import contract_variants, interp_small, require
 
 DTYPES = (torch.float32, torch.bfloat16)
 CALLS = 3  # calls in a row, each on its own inputs
@@ -28,11 +28,8 @@ def _cases():
     present, and the spec's first cpu benchmark shape."""
     cases = {}
     for name, sp in SPECS.items():
-        for i, sh in enumerate(sp.shapes["contract"]):
-            variants = [sh] if sh.get("optional", True) else [sh, {**sh, "optional": True}]
-            for v in variants:
-                tag = f"{sh.get('layout', i)}" + ("" if v.get("optional", True) is False else "-full")
-                cases[f"{name}/contract-{tag}"] = (sp, v, "contract")
+        for tag, v in contract_variants(sp):
+            cases[f"{name}/contract-{tag}"] = (sp, v, "contract")
         cases[f"{name}/cpu-0"] = (sp, sp.shapes["cpu"][0], "cpu")
     return cases
 

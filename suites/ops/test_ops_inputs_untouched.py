@@ -18,7 +18,8 @@ from harness.impls.reference_impl import oracle
 from harness.ops import SPECS
 from harness.selftest import wrap_op
 from harness.testing.checks import poison_
-from harness.testing.optest import assert_inputs_unchanged, require, run_pool_case, snapshot_inputs
+from harness.testing.optest import (assert_inputs_unchanged, contract_variants, require, run_pool_case,
+                                    snapshot_inputs)
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -26,14 +27,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 def _cases():
     """case id -> (spec, shape): each contract shape as declared, and with every optional input present
     (dt_bias, D, z, bias, the activation, dt softplus) where the declared one leaves them out."""
-    cases = {}
-    for name, sp in SPECS.items():
-        for i, sh in enumerate(sp.shapes["contract"]):
-            variants = [sh] if sh.get("optional", True) else [sh, {**sh, "optional": True}]
-            for v in variants:
-                tag = f"{sh.get('layout', i)}" + ("" if v.get("optional", True) is False else "-full")
-                cases[f"{name}/{tag}"] = (sp, v)
-    return cases
+    return {f"{name}/{tag}": (sp, v) for name, sp in SPECS.items() for tag, v in contract_variants(sp)}
 
 
 CASES = _cases()
