@@ -26,6 +26,11 @@ EMPTY_SEQUENCE_CASES = [
 ]
 
 
+# (cu_seqlens, the (sequence, chunk) table that names each chunk's owner at chunk size 64): an empty sequence
+# owns no chunk, so the chunks after it belong to the next non-empty sequence
+CHUNK_OWNER_CASES = [([0, 0, 2, 2], [[1, 0]]), ([0, 2, 2, 4], [[0, 0], [2, 0]])]
+
+
 def case_id(case) -> str:
     lengths, hi, slots = case
     flags = "".join("T" if h else "F" for h in hi)

@@ -157,12 +157,6 @@ def test_models_delta_reference_greedy_matches_transformers(family, data, check)
     _reference_parity(d, data.draw(st.integers(0, 2**16), label="seed"), _prompts(data, d.vocab), 16, check)
 
 
-@pytest.fixture
-def nightly_only(request):
-    if request.config.getoption("profile") != "nightly":
-        pytest.skip("deep model-parity variant runs only under --profile nightly (CI time budget)")
-
-
 @pytest.mark.slow
 @pytest.mark.nightly
 @pytest.mark.parametrize("family", FAMILIES)

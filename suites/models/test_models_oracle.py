@@ -118,12 +118,6 @@ def test_models_greedy_matches_transformers(family, data, check):
     _run_model(d, seed, prompts, raw_fmt, pad_in_file, check)
 
 
-@pytest.fixture
-def nightly_only(request):
-    if request.config.getoption("profile") != "nightly":
-        pytest.skip("deep model-parity variant runs only under --profile nightly (CI time budget)")
-
-
 @pytest.mark.slow
 @pytest.mark.nightly
 @pytest.mark.parametrize("family", ["mamba1", "falcon_mamba", "mamba2"])

@@ -17,7 +17,8 @@ import torch
 
 from harness.ops import SPECS
 from harness.impls.adapters import sglang as adapter
-from harness.testing.delta_cases import EMPTY_SEQUENCE_CASES, case_id, run_empty_update, run_varlen_case
+from harness.testing.delta_cases import (CHUNK_OWNER_CASES, EMPTY_SEQUENCE_CASES, case_id, run_empty_update,
+                                         run_varlen_case)
 
 _MISSING = adapter.unavailable_reason("sglang", *adapter.MODULES)
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
@@ -105,7 +106,7 @@ def test_conv_width_five_matches_reference(op):
                    reason="sglang 0.5.23 fla/index.py prepare_chunk_indices numbers the sequences by their "
                    "chunks: after an empty sequence (no chunk) every chunk gets the previous sequence; "
                    "see docs/findings.md")
-@pytest.mark.parametrize("cu,want", [([0, 0, 2, 2], [[1, 0]]), ([0, 2, 2, 4], [[0, 0], [2, 0]])])
+@pytest.mark.parametrize("cu,want", CHUNK_OWNER_CASES)
 def test_sglang_chunk_indices_skip_empty_sequences(cu, want):
     """The (sequence, chunk) table of the chunked GDN / KDA kernels names, for each chunk, the sequence that
     owns it (an empty sequence owns none). Pure torch: runs on the CPU."""

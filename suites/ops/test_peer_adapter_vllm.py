@@ -19,7 +19,8 @@ import torch
 from harness.impls.adapters import unavailable_reason
 from harness.impls.adapters import vllm as adapter
 from harness.ops import SPECS
-from harness.testing.delta_cases import EMPTY_SEQUENCE_CASES, case_id, run_empty_update, run_varlen_case
+from harness.testing.delta_cases import (CHUNK_OWNER_CASES, EMPTY_SEQUENCE_CASES, case_id, run_empty_update,
+                                         run_varlen_case)
 
 _MISSING = unavailable_reason("vllm (or its extracted kernels: python scripts/peers_fetch.py vllm)",
                               *adapter._MODULES)
@@ -47,7 +48,7 @@ def _call(sp, kw):
                    reason="vllm 0.33.0 third_party/flash_linear_attention prepare_chunk_indices "
                    "numbers the sequences by their chunks: after an empty sequence (no chunk) every chunk gets the "
                    "previous sequence; see docs/findings.md")
-@pytest.mark.parametrize("cu,want", [([0, 0, 2, 2], [[1, 0]]), ([0, 2, 2, 4], [[0, 0], [2, 0]])])
+@pytest.mark.parametrize("cu,want", CHUNK_OWNER_CASES)
 def test_vllm_chunk_indices_skip_empty_sequences(cu, want):
     """The (sequence, chunk) table of the chunked GDN / KDA kernels names, for each chunk, the sequence that
     owns it (an empty sequence owns none). Pure torch: runs on the CPU."""
