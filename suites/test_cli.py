@@ -121,7 +121,7 @@ def test_help_and_version_answer_in_well_under_a_second():
             best = min(best, secs)
             assert r.returncode == 0, r.stderr
         assert best < 1.0, (argv, best)
-    assert re.match(r"harness \(ssm-harness\) \S+, git (\w{40}(-dirty)?|sha unknown)$", r.stdout.strip()), r.stdout
+    assert re.match(r"harness \(ssm-harness\) \S+( \(source tree\))?, git (\w{40}(-dirty)?|sha unknown)$", r.stdout.strip()), r.stdout
 
 
 def test_impls_lists_what_runs_on_the_device_and_why_not():

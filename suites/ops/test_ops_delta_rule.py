@@ -352,11 +352,14 @@ def _bad_cases(kind, op, device):
 @pytest.mark.parametrize("kind", KINDS)
 def test_rejects_bad_input_before_writing(impl, kind, op, device):
     """Bad input raises ValueError naming the argument ("arg: expected ..., got ...") and leaves the pool
-    and `out=` untouched; the unmodified base case is accepted."""
+    and `out=` untouched; the unmodified base case is accepted (or declined with NotImplementedError)."""
     name, _ = op_of(impl, kind, op)
     fn = strict_op(impl, name)
     good = _good(kind, device, op)
-    fn(*good)
+    try:
+        fn(*good)
+    except NotImplementedError:
+        pass  # a peer that takes no fp32 activations declines the base case; bad input must still be rejected
     for name, (where, bad, arg) in _bad_cases(kind, op, device).items():
         a = list(_good(kind, device, op))
         kw = {}

@@ -6,6 +6,8 @@
   initial window, so the adapter builds that window itself.
 * causal_conv1d_update <- causal_conv1d_update(x, conv_state, weight, bias, activation,
   conv_state_indices=...) on the live rows only (pads are filtered out here).
+Declined (NotImplementedError, the peer's own checks): widths outside 2..4; varlen with a channel count
+not divisible by 8 (its channel-last path); update with a pool dtype other than x's.
 """
 from __future__ import annotations
 
@@ -20,10 +22,19 @@ from harness.impls.registry import Impl, register
 SOURCE = PeerSdist("causal-conv1d==1.7.0")
 
 
+def _check_width(K):
+    if not 2 <= K <= 4:
+        raise NotImplementedError(f"causal_conv1d: kernel widths 2..4, got {K}")
+
+
 def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                          *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
                                                  has_initial_state, activation, pad_slot_id, out)
+    _check_width(K)
+    if D % 8:
+        raise NotImplementedError(f"causal_conv1d causal_conv1d_fn (channel-last, which initial states need): "
+                                  f"channels divisible by 8, got {D}")
     fn = import_peer("causal_conv1d").causal_conv1d_fn
     idx, live = host_slots(cache_indices, pad_slot_id)
     hi = has_initial_state.detach().cpu().tolist()
@@ -33,7 +44,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
         a, b = q[i], q[i + 1]
         init = conv_states[idx[i]].to(x.dtype) if hi[i] else torch.zeros((D, K - 1), dtype=x.dtype, device=x.device)
         if b > a:
-            xs = x[a:b].t()[None]  # (1, D, L), stride(1) == 1: channel-last
+            xs = x[a:b].contiguous().t()[None]  # (1, D, L), stride(1) == 1: channel-last
             init_cl = init.t().contiguous().t()[None]  # channel-last initial state (1, D, K-1)
             ys, fin = fn(xs, weight, bias, initial_states=init_cl, return_final_states=True, activation=activation)
             y[a:b] = ys[0].t()
@@ -48,6 +59,10 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
 def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
                          pad_slot_id=C.PAD_SLOT_ID, out=None):
     C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
+    _check_width(weight.shape[1])
+    if conv_states.dtype != x.dtype:
+        raise NotImplementedError(f"causal_conv1d causal_conv1d_update: conv state dtype must equal x's "
+                                  f"({x.dtype}), got {conv_states.dtype}")
     upd = import_peer("causal_conv1d").causal_conv1d_update
     idx, live = host_slots(conv_state_indices, pad_slot_id)
     y = out if out is not None else torch.empty_like(x)

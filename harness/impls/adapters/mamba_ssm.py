@@ -55,13 +55,19 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
         raise NotImplementedError("mamba_ssm selective_state_update: no clamp of negative dt to 0 "
                                   "(the contract's default dt_limit lower bound)")
     ssu = import_peer(_SSU).selective_state_update
+    # 2.3.2 raises TypeError for dt_bias=None or D=None (it unpacks `*(strides) if t is not None else 0`):
+    # zeros are the same arithmetic
+    nd = x.shape[1] if layout[0] == "mamba1" else A.shape[0]
+    if dt_bias is None:
+        dt_bias = torch.zeros(nd, dtype=dt.dtype, device=dt.device)
+    if D is None:
+        D = torch.zeros(nd, dtype=torch.float32, device=x.device)
     if layout[0] == "mamba2":
         _, Bsz, H, P, N, G = layout
         A3 = A[:, None, None].expand(H, P, N)
         dt3 = dt[:, :, None].expand(Bsz, H, P)
-        db = dt_bias if dt_bias is not None else torch.zeros(H, dtype=dt.dtype, device=dt.device)
-        db3 = db[:, None].expand(H, P)
-        D3 = None if D is None else (D[:, None].expand(H, P) if D.dim() == 1 else D)
+        db3 = dt_bias[:, None].expand(H, P)
+        D3 = D[:, None].expand(H, P) if D.dim() == 1 else D
         y = ssu(state, x, dt3, A3, B, Cm, D3, z, db3, dt_softplus=bool(dt_softplus),
                 state_batch_indices=state_batch_indices)
     else:
@@ -145,6 +151,7 @@ def _cuda_scan_unavailable():
 
 
 register(Impl(name="mamba_ssm", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+              fp32_matmul="tf32",  # the chunked SSD's tl.dot runs fp32 inputs in TF32
               ops={"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
                    "gated_rms_norm": gated_rms_norm},
               unavailable=lambda: unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM),
