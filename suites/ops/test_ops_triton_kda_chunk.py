@@ -249,3 +249,18 @@ def test_no_host_synchronisation(device):
     with no_index_checks(), mock.patch.object(torch.Tensor, "item", refuse), \
             mock.patch.object(torch.Tensor, "tolist", refuse), mock.patch.object(torch.Tensor, "__bool__", refuse):
         _impl().op(OP)(*args, use_qk_l2norm=True)
+
+
+def test_scan_pipeline_fits_shared_memory():
+    """The scan's pipeline depth is lowered until its chunk tiles fit: fp16 inputs (fp32 dot operands) at
+    K = 128 with two configured stages run one (two needed 238 KB of the H200's 227 KiB and failed to
+    launch); bf16 keeps two."""
+    from harness.impls.triton.kda_chunk import SCAN_SMEM_BYTES, scan_stages
+    assert scan_stages(2, 4, 64, 128, 32) == 1
+    assert scan_stages(2, 2, 64, 128, 32) == 2
+    assert scan_stages(4, 2, 64, 128, 32) == 3
+    assert scan_stages(1, 8, 64, 128, 128) == 1
+    for esz in (2, 4, 8):
+        for bk in (16, 32, 64, 128):
+            n = scan_stages(4, esz, 64, bk, 32)
+            assert n == 1 or n * (3 * 64 * bk + 2 * 64 * 32) * esz <= SCAN_SMEM_BYTES

@@ -230,6 +230,21 @@ def _dot_types(dtype: torch.dtype, cd: torch.dtype):
     return exact, "ieee", exact, "ieee", cd
 
 
+# shared memory a scan program may take for its pipelined chunk tiles (the H200 has 227 KiB per block; the
+# rest is left to the compiler's layout conversions)
+SCAN_SMEM_BYTES = 200 * 1024
+
+
+def scan_stages(stages: int, operand_bytes: int, bt: int, bk: int, bv: int) -> int:
+    """The scan loop's pipeline depth: the configured one, lowered until its stages of chunk tiles (w, Qk
+    and k-gate rows of (bt, bk), u and Qk u rows of (bt, bv)) fit in SCAN_SMEM_BYTES (fp16 inputs run the
+    dots on fp32 operands: at K = 128 two stages would not fit)."""
+    per_stage = (3 * bt * bk + 2 * bt * bv) * operand_bytes
+    while stages > 1 and stages * per_stage > SCAN_SMEM_BYTES:
+        stages -= 1
+    return stages
+
+
 def _block(value, name: str, allowed) -> int:
     value = int(value)
     if value not in allowed:
@@ -284,5 +299,6 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1), *o.stride(),
             *pool.stride(), query_start_loc.stride(0), cache_indices.stride(0), has_initial_state.stride(0),
             BT=bt, BK=BK, BV=BV, BLOCK_S=BLOCK_S, CD=CD, DOT=dot, PREC=prec,
-            STAGES=int(CONFIG["scan_stages"]), num_warps=int(CONFIG["scan_warps"]))
+            STAGES=scan_stages(int(CONFIG["scan_stages"]), w.element_size(), bt, BK, BV),
+            num_warps=int(CONFIG["scan_warps"]))
     return o
