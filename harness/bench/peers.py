@@ -11,9 +11,15 @@ layout work done once outside the timed call, as the peers' own benchmarks do:
   selective_state_update mamba_ssm.native       mamba_ssm's Triton selective_state_update (stride-0 views for Mamba-2)
   ssd_varlen             mamba_ssm.native       mamba_ssm's Triton mamba_chunk_scan_combined, batch 1
   gated_rms_norm         mamba_ssm.native       mamba_ssm's Triton rmsnorm_fn
+  gated_delta_rule_varlen fla.native            fla chunk_gated_delta_rule, (1, T, H, D), cu_seqlens, dense fp32 h0
+  kda_varlen             fla.native             fla chunk_kda, likewise
+  gated_delta_rule_update fla.native            fla fused_recurrent_gated_delta_rule, one token of each of B rows
+                                                as a batch, dense fp32 initial states (B, Hv, V, K) in and out
+  kda_update             fla.native             fla fused_recurrent_kda, likewise
 
 They take one sequence (S = 1, the benchmark shapes of docs/targets.md) and no initial state, like the
-peers' kernels; the state pools are not written. CUDA only; a peer that is not importable is listed as
+peers' kernels; the state pools are not written (fla's take and return dense per-sequence states, which is
+how fla is called: the pool gather/scatter an engine adds around it is not timed). CUDA only; a peer that is not importable is listed as
 skipped with the reason (`harness bench peers` shows them next to ours, eager and CUDA graph).
 """
 from __future__ import annotations
@@ -112,3 +118,39 @@ def mamba_ssm_norm(inp):
     x, w, z = inp["x"], inp["weight"], inp["z"]
     eps, gs, nbg = inp.get("eps", 1e-6), inp.get("group_size"), bool(inp.get("norm_before_gate", True))
     return lambda: fn(x, w, None, z=z, eps=eps, group_size=gs, norm_before_gate=nbg)
+
+
+def _fla_varlen(module: str, attr: str):
+    def make(inp):
+        import torch
+        _one_sequence(inp, "fla.native")
+        fn = _peer(module, attr)
+        q, k, v, g, beta = (inp[n][None] for n in ("q", "k", "v", "g", "beta"))
+        T, Hv, V = inp["v"].shape
+        K = inp["q"].shape[2]
+        h0 = torch.zeros((1, Hv, V, K), dtype=torch.float32, device=v.device)
+        cu = torch.tensor([0, T], dtype=torch.long, device=v.device)
+        l2 = bool(inp.get("use_qk_l2norm", True))
+        return lambda: fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                          use_qk_l2norm_in_kernel=l2, state_v_first=True, cu_seqlens=cu)
+    return make
+
+
+def _fla_update(module: str, attr: str):
+    def make(inp):
+        fn = _peer(module, attr)
+        q, k, v, g, beta = (inp[n][:, None] for n in ("q", "k", "v", "g", "beta"))
+        Bsz = inp["v"].shape[0]
+        h0 = inp["ssm_states"][:Bsz].float().contiguous()
+        l2 = bool(inp.get("use_qk_l2norm", True))
+        return lambda: fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                          use_qk_l2norm_in_kernel=l2, state_v_first=True)
+    return make
+
+
+for _op, _mod, _attr, _make in (
+        ("gated_delta_rule_varlen", "fla.ops.gated_delta_rule", "chunk_gated_delta_rule", _fla_varlen),
+        ("kda_varlen", "fla.ops.kda", "chunk_kda", _fla_varlen),
+        ("gated_delta_rule_update", "fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule", _fla_update),
+        ("kda_update", "fla.ops.kda", "fused_recurrent_kda", _fla_update)):
+    register_benchmark(op=_op, impl="fla.native", available=_needs(_mod), **NATIVE)(_make(_mod, _attr))

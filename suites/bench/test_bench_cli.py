@@ -90,15 +90,18 @@ def test_bench_peers_runs_ours_next_to_the_peers(tmp_path, capsys):
 
 
 def test_peer_native_backends_are_declared():
-    """The Mamba peers' own kernels are CUDA-only backends, marked peer, for every op their adapters have
-    (fla is timed through its adapter, which calls its kernels directly)."""
+    """The peers' own kernels are CUDA-only backends, marked peer: mamba_ssm's and causal-conv1d's for every op
+    their adapters have, fla's for the four delta-rule ops (called on dense states, without the adapter's
+    pool gather and scatter)."""
     import harness.bench.peers  # noqa: F401 - declares the native backends
     from harness.bench.cli import peer_ops
     from harness.bench.registry import BENCHMARKS
-    natives = {b.op: b for b in BENCHMARKS.values() if b.impl.endswith(".native")}
+    natives = {(b.op, b.impl.split(".")[0]): b for b in BENCHMARKS.values() if b.impl.endswith(".native")}
     mamba_ops = {"selective_scan_varlen", "causal_conv1d_varlen", "causal_conv1d_update", "selective_state_update",
                  "ssd_varlen", "gated_rms_norm"}
-    assert set(natives) == mamba_ops and mamba_ops <= set(peer_ops())
+    delta_ops = {"gated_delta_rule_varlen", "gated_delta_rule_update", "kda_varlen", "kda_update"}
+    assert {op for op, peer in natives if peer != "fla"} == mamba_ops and mamba_ops <= set(peer_ops())
+    assert {op for op, peer in natives if peer == "fla"} == delta_ops and delta_ops <= set(peer_ops())
     assert all(b.peer and b.devices == ("cuda",) for b in natives.values())
 
 
