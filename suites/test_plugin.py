@@ -116,6 +116,36 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
     assert lines["test_skip"]["outcome"] == "skipped" and "no CUDA device" in lines["test_skip"]["why"]
 
 
+def test_resume_runs_what_a_cut_run_left(tmp_path):
+    """--resume OUTCOMES deselects the tests an earlier run recorded as passed or skipped: the failed test and
+    the ones it never reached run again; a missing file is a usage error."""
+    import json
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
+    (tmp_path / "test_r.py").write_text(textwrap.dedent("""
+        import pytest
+        def test_a():
+            pass
+        def test_b():
+            pytest.skip("not here")
+        def test_c():
+            assert False
+        def test_d():
+            pass
+    """))
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(json.dumps({"nodeid": f"test_r.py::{n}", "when": "call", "outcome": o}) + "\n"
+                             for n, o in (("test_a", "passed"), ("test_b", "skipped"), ("test_c", "failed")))
+                     + '{"nodeid": "test_r.py::test_d", "wh')  # the run was cut while writing
+    again = tmp_path / "again.jsonl"
+    r = _pytest(["--device", "cpu", "-q", "--resume", str(first), "--outcomes", str(again), str(tmp_path)],
+                cwd=tmp_path)
+    assert r.returncode == 1 and "2 deselected" in r.stdout, r.stdout + r.stderr
+    ran = {json.loads(x)["nodeid"].split("::")[-1] for x in again.read_text().splitlines()}
+    assert ran == {"test_c", "test_d"}
+    r = _pytest(["--device", "cpu", "-q", "--resume", str(tmp_path / "none.jsonl"), str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 4 and "--resume: expected an --outcomes file" in r.stderr
+
+
 def test_unsupported_examples_are_rejected_not_the_whole_test(tmp_path):
     """An implementation (the plugin's `impl`) whose op raises NotImplementedError for some examples has the
     others still run and checked: a wrong result on a supported example fails the test even when the first

@@ -11,6 +11,9 @@ Options
   --outcomes PATH                append one JSONL line per finished test (node id, outcome, seconds, the
                                  failure's last line) as it finishes: a run killed by a time limit still
                                  says what failed and why (pytest's own summary only comes at the end)
+  --resume PATH                  repeatable; an --outcomes file of an earlier (cut) run: the tests it records
+                                 as passed or skipped are deselected, so the run does what is left and the
+                                 failures again
 
 Output
   A skip says one line of reason (hypothesis' "Falsifying explicit example" note on a skipped example is
@@ -49,6 +52,8 @@ def pytest_addoption(parser):
                 help="append result records (JSONL) to PATH")
     g.addoption("--outcomes", action="store", default=None, metavar="PATH",
                 help="append one JSONL line per finished test as it finishes (survives a killed run)")
+    g.addoption("--resume", action="append", default=None, metavar="PATH",
+                help="an --outcomes file of an earlier run: deselect the tests it records as passed or skipped")
 
 
 def _register_profiles():
@@ -199,7 +204,33 @@ def _test_ops(item, names: set) -> set:
     return found
 
 
+def finished_tests(paths) -> set[str]:
+    """Node ids an --outcomes file records as passed or skipped (a cut last line is ignored)."""
+    import json
+    done = set()
+    for path in paths:
+        if not os.path.isfile(path):
+            raise pytest.UsageError(f"--resume: expected an --outcomes file, got {path!r} (no such file)")
+        with open(path) as f:
+            for ln in f:
+                try:
+                    rec = json.loads(ln)
+                except ValueError:
+                    continue
+                if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
+                        rec.get("when") == "setup" and rec.get("outcome") == "skipped":
+                    done.add(rec["nodeid"])
+    return done
+
+
 def pytest_collection_modifyitems(config, items):
+    resume = config.getoption("resume")
+    if resume:
+        done = finished_tests(resume)
+        drop = [item for item in items if item.nodeid in done]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = [item for item in items if item.nodeid not in done]
     ops = config.getoption("op")
     if ops:
         from harness.ops import SPECS
