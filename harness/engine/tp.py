@@ -1,14 +1,24 @@
-"""Tensor parallelism for the engine: a model's mixers sharded over `size` ranks of torch.distributed.
+"""Tensor parallelism for the engine: a model sharded over `size` ranks of torch.distributed.
 
 Each rank holds its shard of every mixer weight (as ``harness.engine.families`` gives the cuts, the same
 cuts the fast loader reads with ``load_weights(tp_rank=, tp_size=)``): column-parallel input projections,
 conv channels, heads and groups split, row-parallel output projections followed by an all-reduce (Mamba-1's
-x_proj is row parallel too). Embedding, block norms, final norm and lm_head are replicated; every rank runs
-the same scheduler steps on the same tokens, and rank 0's sampled tokens are broadcast so that the ranks can
-never disagree on a near-tie. A rank's state pool holds its slice of every state, as the family's
-``reference.cache`` spec with ``tp_size`` describes it (Mamba-2 with ``n_groups == 1`` replicates B and C on
-every rank). Families whose weights cannot be split (GDN and KDA today) refuse ``tp_size > 1`` with a
-ValueError naming ``tp_size`` before anything is built.
+x_proj is row parallel too). Embedding, block norms, final norm and lm_head are replicated (every rank
+computes the whole logits); every rank runs the same scheduler steps on the same tokens, and rank 0's
+sampled tokens are broadcast so that the ranks can never disagree on a near-tie. A rank's state pool holds
+its slice of every state, as the family's ``reference.cache`` spec with ``tp_size`` describes it (Mamba-2
+with ``n_groups == 1`` replicates B and C on every rank).
+
+Hybrid models (GDN: Qwen3-Next, KDA: Kimi Linear) shard their other layers as vLLM and SGLang do: the
+full-attention layers split their query heads, split their key/value heads or, when there are fewer of
+them than ranks, replicate one per rank (:func:`kv_heads_of_rank`), and end in a row-parallel output
+projection; each rank's paged KV pool holds its key/value heads only. The dense MLP is column parallel
+(gate_proj, up_proj) then row parallel (down_proj). The loader reads attention and MLP weights whole; the
+engine cuts them on each rank (:func:`split_heads`, :meth:`TensorParallel.shard_mlp`). Qwen3-Next's fused
+``in_proj_qkvz`` / ``in_proj_ba`` interleave q, k, v, z (b, a) per key head, so they are cut as whole
+key-head groups and permuted per rank (``harness/engine/families/gdn.py``). A split the weights do not allow
+(heads, groups, channels or MLP width not divisible by ``tp_size``) is a ValueError naming ``tp_size``
+(the family's ``check_tp``) before anything is built.
 
     tp = TensorParallel(rank, size)          # inside an initialised process group
     runner = EngineRunner(model, "torch", tp=tp, device=rank_device("cuda", rank), ...)
@@ -17,8 +27,8 @@ ValueError naming ``tp_size`` before anything is built.
 on a free local port; gloo on the CPU, the device's default backend elsewhere, e.g. NCCL on CUDA, where
 rank r uses device r) and returns what each rank returned. :func:`run_engine` runs requests through a
 sharded engine that way. ``python -m harness.engine.tp --device cuda --tp 2`` runs every family with
-whole models at TP = tp and TP = 1 and compares greedy tokens and state slices (the CI suite is
-``suites/engine/test_engine_tp.py``).
+whole models at TP = tp and TP = 1 and compares greedy tokens and state slices, the hybrids' keys and
+values included (the CI suite is ``suites/engine/test_engine_tp.py``).
 """
 from __future__ import annotations
 
