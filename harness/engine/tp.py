@@ -325,8 +325,8 @@ def run_engines(jobs, tp_size: int, *, device="cpu", backend: str | None = None,
     """Run engine jobs ``(model, impl, requests, runner_kwargs)`` one after the other on ONE group of `tp_size`
     spawned ranks (``model``: ``(cfg, params)``, whole weights, cut on each rank, or a list of `tp_size`
     ``(cfg, params)``, rank r's mixer weights already cut, e.g. by ``load_weights(tp_rank=r, tp_size=)``;
-    ``impl``: a registered implementation name). Returns per job the per-rank :func:`plain_results`, or ``{"error": message,
-    "declined": whether it was a NotImplementedError}`` for a job that raised."""
+    ``impl``: a registered implementation name). Returns per job the per-rank :func:`plain_results`, or
+    ``{"error": message, "declined": whether it was a NotImplementedError}`` for a job that raised."""
     jobs = [(m, i, list(r), dict(kw)) for m, i, r, kw in jobs]
     for j, (m, _, _, _) in enumerate(jobs):
         if isinstance(m, list) and len(m) != tp_size:

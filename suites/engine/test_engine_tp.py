@@ -279,7 +279,8 @@ def test_engine_tp_weight_cuts(case):
 
 def test_state_slice_follows_the_spec():
     """state_slice cuts a whole state as the per-rank spec lays it out: Mamba-2 with one group keeps B and C
-    whole on every rank and splits x; with two groups each rank takes its group; heads split."""
+    whole on every rank and splits x; with two groups each rank takes its group; heads split. GDN and KDA
+    split each of their q, k and v conv segments (the spec's conv_dim / tp) and their recurrent heads."""
     N, Pd = 2, 1
     whole = Mamba2Spec(num_heads=4, head_dim=Pd, state_size=N, n_groups=1, conv_kernel=3, tp_size=1)
     conv = torch.arange(whole.conv_dim, dtype=torch.float64)[:, None].expand(-1, 2)
