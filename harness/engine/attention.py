@@ -14,7 +14,8 @@ Hybrid pool (:class:`HybridPool`)
   attention layers, with the same slot ids. A snapshot (prefix cache, final states) holds both: the mixer
   layers' ``conv.<j>`` / ``recurrent.<j>`` and, per attention layer ``a``, a copy of the keys and values of
   the first ``num_tokens`` tokens (``kv.<a>.k`` (n, H_kv, Dk), ``kv.<a>.v`` (n, H_kv, Dv)). Restoring one
-  into a slot writes those tokens into fresh pages.
+  into a slot writes those tokens into fresh pages. Under tensor parallelism a rank's pool holds its own
+  key/value heads (H_kv / TP of them, or one replicated head when H_kv < TP; :func:`local_kv_spec`).
 
 Attention (:func:`paged_attention`)
   For every request of the step: its new keys and values are written into its pages, then its queries
@@ -27,13 +28,14 @@ Attention (:func:`paged_attention`)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from harness.engine.pool import PAD_SLOT_ID, PoolExhausted, StatePool
 from reference.validate import fail
 
-__all__ = ["KVPool", "HybridPool", "paged_attention", "token_positions"]
+__all__ = ["KVPool", "HybridPool", "local_kv_spec", "paged_attention", "token_positions"]
 
 
 class KVPool:
@@ -145,13 +147,16 @@ class KVPool:
 class HybridPool(StatePool):
     """Mixer states of the mixer layers and paged keys/values of the attention layers (see module doc).
 
-    Args beyond StatePool's: `kv_spec` (a ``reference.cache.KVSpec``), `num_attention_layers`, `page_size`
-    (tokens per KV page), `num_pages` (initial pages; the pool grows when they run out)."""
+    Args beyond StatePool's: `kv_spec` (a ``reference.cache.KVSpec`` of the whole model), `num_attention_layers`,
+    `page_size` (tokens per KV page), `num_pages` (initial pages; the pool grows when they run out). The pool
+    is one rank's: with a per-rank `spec` (``spec.tp_size`` T > 1) it holds the rank's key/value heads
+    (:func:`local_kv_spec`; ``self.kv_spec`` is that per-rank spec)."""
 
     def __init__(self, spec, num_layers: int, num_slots: int, *, kv_spec, num_attention_layers: int,
                  page_size: int = 16, num_pages: int | None = None, device="cpu", dtype: torch.dtype | None = None,
                  **kw):
         super().__init__(spec, num_layers, num_slots, device=device, dtype=dtype, **kw)
+        kv_spec = local_kv_spec(kv_spec, getattr(spec, "tp_size", 1))
         self.kv_spec = kv_spec
         self.kv = KVPool(kv_spec, num_attention_layers, page_size=page_size, num_pages=num_pages or 4 * num_slots,
                          device=device, dtype=dtype)
@@ -213,6 +218,15 @@ class HybridPool(StatePool):
         for a in range(self.kv.num_layers):
             self.kv.write(a, slot, 0, snapshot[f"kv.{a}.k"], snapshot[f"kv.{a}.v"])
         self.kv.set_length(slot, n)
+
+
+def local_kv_spec(kv_spec, tp_size: int):
+    """The key/value spec of one rank of `tp_size`: its share of the KV heads, or the one head it holds
+    replicated when there are fewer KV heads than ranks (``harness.engine.tp.kv_heads_of_rank``)."""
+    from harness.engine.tp import kv_heads_of_rank
+    if tp_size == 1:
+        return kv_spec
+    return replace(kv_spec, num_kv_heads=kv_heads_of_rank(kv_spec.num_kv_heads, 0, tp_size)[1])
 
 
 def token_positions(md) -> torch.Tensor:

@@ -211,8 +211,8 @@ class EngineRunner:
                                                               **({"tp": tp} if tp.size > 1 else {})))
             else:
                 self.backends.append(efam.attention(cfg, sub(f"layers.{i}.attn."), impl.ops, dtype=dtype,
-                                                    device=self.device))
-            mlp = sub(f"layers.{i}.mlp.")
+                                                    device=self.device, tp=tp))
+            mlp = tp.shard_mlp(sub(f"layers.{i}.mlp."))
             self.mlps.append((cast(params[f"layers.{i}.mlp_norm.weight"]) + off, cast(mlp["gate_proj.weight"]),
                               cast(mlp["up_proj.weight"]), cast(mlp["down_proj.weight"])) if mlp else None)
         low = dtype in (torch.float16, torch.bfloat16)
@@ -317,7 +317,7 @@ class EngineRunner:
             if self.mlps[i] is not None:
                 norm, gate, up, down = self.mlps[i]
                 h = self._rms(residual, norm).to(self.dtype)
-                y = (torch.nn.functional.silu(h @ gate.t()) * (h @ up.t())) @ down.t()
+                y = self.tp.all_reduce((torch.nn.functional.silu(h @ gate.t()) * (h @ up.t())) @ down.t())
                 residual = residual + y.to(self.residual_dtype)
         return residual
 

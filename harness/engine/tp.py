@@ -1,14 +1,24 @@
-"""Tensor parallelism for the engine: a model's mixers sharded over `size` ranks of torch.distributed.
+"""Tensor parallelism for the engine: a model sharded over `size` ranks of torch.distributed.
 
 Each rank holds its shard of every mixer weight (as ``harness.engine.families`` gives the cuts, the same
 cuts the fast loader reads with ``load_weights(tp_rank=, tp_size=)``): column-parallel input projections,
 conv channels, heads and groups split, row-parallel output projections followed by an all-reduce (Mamba-1's
-x_proj is row parallel too). Embedding, block norms, final norm and lm_head are replicated; every rank runs
-the same scheduler steps on the same tokens, and rank 0's sampled tokens are broadcast so that the ranks can
-never disagree on a near-tie. A rank's state pool holds its slice of every state, as the family's
-``reference.cache`` spec with ``tp_size`` describes it (Mamba-2 with ``n_groups == 1`` replicates B and C on
-every rank). Families whose weights cannot be split (GDN and KDA today) refuse ``tp_size > 1`` with a
-ValueError naming ``tp_size`` before anything is built.
+x_proj is row parallel too). Embedding, block norms, final norm and lm_head are replicated (every rank
+computes the whole logits); every rank runs the same scheduler steps on the same tokens, and rank 0's
+sampled tokens are broadcast so that the ranks can never disagree on a near-tie. A rank's state pool holds
+its slice of every state, as the family's ``reference.cache`` spec with ``tp_size`` describes it (Mamba-2
+with ``n_groups == 1`` replicates B and C on every rank).
+
+Hybrid models (GDN: Qwen3-Next, KDA: Kimi Linear) shard their other layers as vLLM and SGLang do: the
+full-attention layers split their query heads, split their key/value heads or, when there are fewer of
+them than ranks, replicate one per rank (:func:`kv_heads_of_rank`), and end in a row-parallel output
+projection; each rank's paged KV pool holds its key/value heads only. The dense MLP is column parallel
+(gate_proj, up_proj) then row parallel (down_proj). The loader reads attention and MLP weights whole; the
+engine cuts them on each rank (:func:`split_heads`, :meth:`TensorParallel.shard_mlp`). Qwen3-Next's fused
+``in_proj_qkvz`` / ``in_proj_ba`` interleave q, k, v, z (b, a) per key head, so they are cut as whole
+key-head groups and permuted per rank (``harness/engine/families/gdn.py``). A split the weights do not allow
+(heads, groups, channels or MLP width not divisible by ``tp_size``) is a ValueError naming ``tp_size``
+(the family's ``check_tp``) before anything is built.
 
     tp = TensorParallel(rank, size)          # inside an initialised process group
     runner = EngineRunner(model, "torch", tp=tp, device=rank_device("cuda", rank), ...)
@@ -17,8 +27,8 @@ ValueError naming ``tp_size`` before anything is built.
 on a free local port; gloo on the CPU, the device's default backend elsewhere, e.g. NCCL on CUDA, where
 rank r uses device r) and returns what each rank returned. :func:`run_engine` runs requests through a
 sharded engine that way. ``python -m harness.engine.tp --device cuda --tp 2`` runs every family with
-whole models at TP = tp and TP = 1 and compares greedy tokens and state slices (the CI suite is
-``suites/engine/test_engine_tp.py``).
+whole models at TP = tp and TP = 1 and compares greedy tokens and state slices, the hybrids' keys and
+values included (the CI suite is ``suites/engine/test_engine_tp.py``).
 """
 from __future__ import annotations
 
@@ -30,9 +40,9 @@ import torch
 
 from reference.validate import fail
 
-__all__ = ["TensorParallel", "SINGLE", "rank_device", "default_backend", "shard_rule", "shard_mixer_params",
-           "state_slice", "distributed_unavailable", "launch", "run_engines", "run_engine", "plain_results",
-           "paired_states", "compare_ranks", "tp_configs"]
+__all__ = ["TensorParallel", "SINGLE", "rank_device", "default_backend", "kv_heads_of_rank", "split_heads",
+           "shard_rule", "shard_mixer_params", "state_slice", "distributed_unavailable", "launch", "run_engines",
+           "run_engine", "plain_results", "paired_states", "compare_ranks", "tp_configs"]
 
 
 class TensorParallel:
@@ -61,6 +71,26 @@ class TensorParallel:
             dist.broadcast(t, src=src, group=self.group)
         return t
 
+    def split(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """This rank's equal share of `t` along `dim` (a view): rows [r*n/T, (r+1)*n/T) of its n rows."""
+        if self.size == 1:
+            return t
+        n = t.shape[dim]
+        if n % self.size:
+            fail("t", f"a tensor whose dim {dim} splits over {self.size} ranks", f"shape {tuple(t.shape)}")
+        return t.narrow(dim, self.rank * (n // self.size), n // self.size)
+
+    def shard_mlp(self, params: dict) -> dict:
+        """This rank's shard of a dense gated MLP (``gate_proj.weight``, ``up_proj.weight`` column parallel:
+        their rows split; ``down_proj.weight`` row parallel: its columns split, the partial products summed
+        with :meth:`all_reduce`). `params` hold whole weights (names relative to ``layers.{i}.mlp.``; empty:
+        the layer has no MLP); returns them unchanged with one rank."""
+        if self.size == 1 or not params:
+            return params
+        return dict(params, **{"gate_proj.weight": self.split(params["gate_proj.weight"], 0),
+                               "up_proj.weight": self.split(params["up_proj.weight"], 0),
+                               "down_proj.weight": self.split(params["down_proj.weight"], 1)})
+
     def __repr__(self) -> str:
         return f"TensorParallel(rank={self.rank}, size={self.size})"
 
@@ -75,6 +105,38 @@ def rank_device(device, rank: int) -> torch.device:
     if dev.type == "cpu":
         return dev
     return torch.device(dev.type, (dev.index or 0) + rank)
+
+
+def kv_heads_of_rank(num_kv_heads: int, rank: int, size: int) -> tuple[int, int]:
+    """(first, count) of the key/value heads rank `rank` of `size` holds (as vLLM's QKVParallelLinear cuts
+    them): ``num_kv_heads / size`` heads when `size` divides `num_kv_heads`; otherwise, when `num_kv_heads`
+    divides `size`, ONE head replicated on ``size / num_kv_heads`` ranks (rank r holds head
+    ``r * num_kv_heads // size``, the head its query heads read). Any other pair is a ValueError naming
+    ``tp_size``."""
+    if num_kv_heads % size == 0:
+        n = num_kv_heads // size
+        return rank * n, n
+    if size % num_kv_heads == 0:
+        return rank * num_kv_heads // size, 1
+    raise ValueError(f"tp_size: expected a divisor or a multiple of num_kv_heads = {num_kv_heads}, got {size}")
+
+
+def split_heads(t, num_heads: int, tp: TensorParallel, dim: int = 0, kv: bool = False):
+    """Rank ``tp.rank``'s heads of `t`, whose `dim` holds `num_heads` equal blocks (one per head; None stays
+    None): query heads split evenly (``kv`` False), key/value heads as :func:`kv_heads_of_rank` says."""
+    if t is None or tp.size == 1:
+        return t
+    if t.shape[dim] % num_heads:
+        fail("t", f"a tensor whose dim {dim} holds {num_heads} heads", f"shape {tuple(t.shape)}")
+    if kv:
+        first, count = kv_heads_of_rank(num_heads, tp.rank, tp.size)
+    else:
+        if num_heads % tp.size:
+            fail("tp_size", f"a divisor of {num_heads} heads", tp.size)
+        count = num_heads // tp.size
+        first = tp.rank * count
+    per = t.shape[dim] // num_heads
+    return t.narrow(dim, first * per, count * per)
 
 
 def default_backend(device) -> str:
@@ -160,7 +222,8 @@ def state_slice(spec, kind: str, full: torch.Tensor, rank: int) -> torch.Tensor:
     """Rank `rank`'s part of a whole (TP = 1) state of one slot, as the per-rank `spec` (a
     ``reference.cache`` spec with ``tp_size``) lays it out. `kind` "conv": `full` is (conv_dim, K-1) and the
     rank holds its rows of every conv segment (a replicated segment whole); "recurrent": the leading dim
-    (channels or heads) is split."""
+    (channels or heads) is split; "kv": `full` is an attention layer's keys or values (tokens,
+    num_kv_heads, head_dim) of a hybrid model and the rank holds its key/value heads (:func:`kv_heads_of_rank`)."""
     T = spec.tp_size
     if not 0 <= rank < T:
         fail("rank", f"an int in 0..{T - 1}", repr(rank))
@@ -173,12 +236,17 @@ def state_slice(spec, kind: str, full: torch.Tensor, rank: int) -> torch.Tensor:
         if off != full.shape[0]:
             fail("full", f"a whole conv state of {off} channels", f"shape {tuple(full.shape)}")
         return torch.cat(parts)
+    if kind == "kv":
+        if full.dim() != 3:
+            fail("full", "keys or values (tokens, num_kv_heads, head_dim)", f"shape {tuple(full.shape)}")
+        first, count = kv_heads_of_rank(full.shape[1], rank, T)
+        return full[:, first:first + count]
     if kind == "recurrent":
         n = spec.recurrent_shape[0]
         if full.shape[0] != n * T:
             fail("full", f"a whole recurrent state of {n * T} rows", f"shape {tuple(full.shape)}")
         return full[rank * n:(rank + 1) * n]
-    fail("kind", "'conv' or 'recurrent'", repr(kind))
+    fail("kind", "'conv', 'recurrent' or 'kv'", repr(kind))
 
 
 # ---------------------------------------------------------------------------------------------- processes
@@ -243,6 +311,8 @@ def _engine_rank(tp: TensorParallel, device, jobs: list):
     from harness.scenarios import engine_impl
     out = []
     for model, impl, requests, runner_kwargs in jobs:
+        if isinstance(model, list):  # one (cfg, params) per rank
+            model = model[tp.rank]
         try:
             runner = EngineRunner(model, engine_impl(registry.get(impl)), tp=tp, device=device, **runner_kwargs)
             out.append(plain_results(runner, runner.run(requests)))
@@ -253,10 +323,15 @@ def _engine_rank(tp: TensorParallel, device, jobs: list):
 
 def run_engines(jobs, tp_size: int, *, device="cpu", backend: str | None = None, threads: int | None = 1) -> list:
     """Run engine jobs ``(model, impl, requests, runner_kwargs)`` one after the other on ONE group of `tp_size`
-    spawned ranks (``model``: ``(cfg, params)``, whole weights, cut on each rank; ``impl``: a registered
-    implementation name). Returns per job the per-rank :func:`plain_results`, or ``{"error": message,
-    "declined": whether it was a NotImplementedError}`` for a job that raised."""
+    spawned ranks (``model``: ``(cfg, params)``, whole weights, cut on each rank, or a list of `tp_size`
+    ``(cfg, params)``, rank r's mixer weights already cut, e.g. by ``load_weights(tp_rank=r, tp_size=)``;
+    ``impl``: a registered implementation name). Returns per job the per-rank :func:`plain_results`, or
+    ``{"error": message, "declined": whether it was a NotImplementedError}`` for a job that raised."""
     jobs = [(m, i, list(r), dict(kw)) for m, i, r, kw in jobs]
+    for j, (m, _, _, _) in enumerate(jobs):
+        if isinstance(m, list) and len(m) != tp_size:
+            fail(f"jobs[{j}] model", f"(cfg, params) or a list of {tp_size} per-rank (cfg, params)",
+                 f"a list of {len(m)}")
     per_rank = launch(_engine_rank, tp_size, jobs, device=device, backend=backend, threads=threads)
     return [[per_rank[r][j] for r in range(tp_size)] for j in range(len(jobs))]
 

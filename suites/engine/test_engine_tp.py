@@ -1,19 +1,24 @@
 """Tensor-parallel engine (harness/engine/tp.py): a model sharded over 2 ranks of torch.distributed runs like
 the same model on one rank.
 
-Properties, for Mamba-1, Falcon-Mamba and Mamba-2 (one group replicated on both ranks, and two groups
-split), with every implementation the suite runs here (on the CPU: reference and torch, float64, 2 processes
-over gloo; on CUDA: 2 GPUs over NCCL, ``--device cuda``):
+Properties, for every family with whole models: Mamba-1, Falcon-Mamba, Mamba-2 (one group replicated on both
+ranks, and two groups split), Gated DeltaNet (Qwen3-Next: GDN mixer, gated full attention over one replicated
+and over two split key/value heads, MLP) and KDA (Kimi Linear: KDA mixer, latent attention, MLP), with every
+implementation the suite runs here (on the CPU: reference and torch, float64, 2 processes over gloo; on CUDA:
+2 GPUs over NCCL, ``--device cuda``):
 
 * the greedy tokens of TP = 2 equal those of TP = 1 exactly, on every rank;
 * every state each rank holds (final states, the state after every step, prefix-cache snapshots) equals the
   rank's slice of the TP = 1 state (``reference.cache`` specs with ``tp_size``: channels and heads split,
-  Mamba-2's single group replicated) within the checker's tolerance.
+  Mamba-2's single group replicated; the hybrids' paged keys and values: the rank's key/value heads) within
+  the checker's tolerance.
 
 The requests mix chunked prefills (a small token budget), decode rows padded with pad requests, and a
 shared prefix whose blocks are snapshotted. All sharded runs of a pytest run share ONE spawned group of ranks
-(starting processes costs more than running the tiny models). Refusals need no group: families that cannot
-be split (GDN, KDA), splits the weights do not allow, and bad ranks are ValueErrors before anything is built.
+(starting processes costs more than running the tiny models); that group also runs GDN with weights cut per
+rank before they reach the ranks: cut right (the control) and with in_proj_qkvz cut as [q | k | v | z]
+sections, ignoring the checkpoint's per-key-head interleaving (the property must fail). Refusals need no
+group: splits the weights do not allow and bad ranks are ValueErrors before anything is built.
 """
 from __future__ import annotations
 
@@ -23,12 +28,13 @@ import torch
 from harness.engine import tp as tp_mod
 from harness.engine.runner import EngineRunner, state_spec
 from harness.engine.scheduler import Request
-from harness.engine.tp import TensorParallel, shard_mixer_params, state_slice
+from harness.engine.tp import TensorParallel, kv_heads_of_rank, shard_mixer_params, split_heads, state_slice
+from harness.loader import ShardRule, take_shard
 from harness.scenarios import engine_impl, random_params, skip_reason, tiny_config
 from harness.testing.checks import tolerance_for
 from harness.testing.plugin import selected_impls
 from reference import families
-from reference.cache import Mamba2Spec
+from reference.cache import GDNSpec, KDASpec, Mamba2Spec
 
 TP = 2
 CPU_IMPLS = ("reference", "torch")  # the others' kernels run under Triton's interpreter on the CPU: too slow here
@@ -60,12 +66,36 @@ def _why_not(impl, device, family) -> str | None:
     return None
 
 
+PLANTED_CASE = "gdn-kv1"
+
+
+def _qkvz_cuts(cfg) -> dict:
+    """{variant: the cut of in_proj_qkvz}: the family's (whole key-head groups of the interleaved checkpoint
+    layout) and a wrong one (q, k, v, z sections, as if the rows were not interleaved per key head)."""
+    return {"right": tp_mod.shard_rule(cfg, "in_proj_qkvz.weight"),
+            "wrong": ShardRule(0, ((cfg.key_dim, True), (cfg.key_dim, True), (cfg.value_dim, True),
+                                   (cfg.value_dim, True)))}
+
+
+def _per_rank_model(cfg, params: dict, qkvz_rule) -> list:
+    """[(cfg, rank r's params)]: every layer's in_proj_qkvz cut by `qkvz_rule` before it reaches the ranks (the
+    ranks take a weight of the local shape as already cut); the other weights whole, cut by the engine."""
+    return [(cfg, {k: take_shard(v, qkvz_rule, r, TP) if k.endswith(".mixer.in_proj_qkvz.weight") else v
+                   for k, v in params.items()}) for r in range(TP)]
+
+
+def _planted_impl(device):
+    """The implementation the planted runs use: the first selected one that runs GDN here (None: none)."""
+    return next((i for i in selected_impls() if _why_not(i, device, "gdn") is None), None)
+
+
 _RUNS: dict = {}
 
 
 def _sharded_runs(device: str) -> dict:
-    """{(impl name, case): per-rank plain results} of every case the selected implementations run, from one
-    spawned group of TP ranks (started on first use, once per pytest run)."""
+    """{(impl name, case): per-rank plain results} of every case the selected implementations run, and
+    {("qkvz cut", variant): ...} of the planted GDN runs, from one spawned group of TP ranks (started on first
+    use, once per pytest run)."""
     if device not in _RUNS:
         jobs, keys = [], []
         for impl in selected_impls():
@@ -74,6 +104,13 @@ def _sharded_runs(device: str) -> dict:
                     keys.append((impl.name, case))
                     jobs.append(((cfg, random_params(cfg, 5)), impl.name, _requests(),
                                  _runner_kwargs(case, _dtype(engine_impl(impl)))))
+        planted = _planted_impl(device)
+        if planted is not None:
+            cfg = CONFIGS[PLANTED_CASE]
+            for variant, rule in _qkvz_cuts(cfg).items():
+                keys.append(("qkvz cut", variant))
+                jobs.append((_per_rank_model(cfg, random_params(cfg, 5), rule), planted.name, _requests(),
+                             _runner_kwargs(PLANTED_CASE, _dtype(engine_impl(planted)))))
         _RUNS[device] = dict(zip(keys, tp_mod.run_engines(jobs, TP, device=device))) if jobs else {}
     return _RUNS[device]
 
@@ -117,22 +154,83 @@ def test_engine_tp2_equals_tp1(case, impl, device, check):
                         context=f"{cfg.family} {families.get(cfg.family).summary(cfg)}")
 
 
+def test_engine_tp_detects_a_wrong_qkvz_cut(device):
+    """Planted bug: GDN whose in_proj_qkvz reaches the ranks cut as [q | k | v | z] sections (ignoring the
+    checkpoint's per-key-head interleaving) must fail the property, while the same weights cut as the family
+    says and handed over per rank the same way (the control) pass it."""
+    impl = _planted_impl(device)
+    why = (None if impl else "no selected implementation runs GDN here") or tp_mod.distributed_unavailable(device, TP)
+    if why:
+        pytest.skip(why)
+    cfg = CONFIGS[PLANTED_CASE]
+    run = engine_impl(impl)
+    dtype = _dtype(run)
+    one = EngineRunner((cfg, random_params(cfg, 5)), run, device=tp_mod.rank_device(device, 0),
+                       **_runner_kwargs(PLANTED_CASE, dtype))
+    single = tp_mod.plain_results(one, one.run(_requests()))
+    spec = state_spec(cfg, dtype, torch.float64 if dtype == torch.float64 else torch.float32, tp_size=TP)
+    runs = _sharded_runs(device)
+    for variant in ("right", "wrong"):
+        for rank, part in enumerate(runs[("qkvz cut", variant)]):
+            if part.get("declined"):
+                pytest.skip(f"declined on rank {rank}: {part['error']}")
+    right = tp_mod.compare_ranks(spec, single, runs[("qkvz cut", "right")], tolerance_for(dtype))
+    assert not right, "the control (the family's cut, handed over per rank) fails:\n" + "\n".join(right)
+    wrong = tp_mod.compare_ranks(spec, single, runs[("qkvz cut", "wrong")], tolerance_for(dtype))
+    assert wrong, "a wrong in_proj_qkvz cut passed the tensor-parallel property"
+    assert not any("error" in part for part in runs[("qkvz cut", "wrong")]), wrong
+    assert any("states" in line or "snapshots" in line for line in wrong), wrong
+
+
 # ------------------------------------------------------------------------------------------ no group needed
 
 def test_engine_tp_cases():
-    """The cases are Mamba-1, Falcon-Mamba and Mamba-2 with one group (replicated) and two groups (split);
-    the hybrid families (GDN, KDA) are left out because they refuse tp_size 2."""
-    assert set(CONFIGS) == {"mamba1", "falcon_mamba", "mamba2-g1", "mamba2-g2"}
+    """The cases are every family with whole models: Mamba-1, Falcon-Mamba, Mamba-2 with one group
+    (replicated) and two groups (split), GDN with one key/value head (replicated) and two (split), KDA."""
+    assert set(CONFIGS) == {"mamba1", "falcon_mamba", "mamba2-g1", "mamba2-g2", "gdn-kv1", "gdn-kv2", "kda"}
+    assert {c.family for c in CONFIGS.values()} == {n for n in families.names() if families.get(n).whole_models}
     assert (CONFIGS["mamba2-g1"].n_groups, CONFIGS["mamba2-g2"].n_groups) == (1, 2)
+    assert (CONFIGS["gdn-kv1"].attn_kv_heads, CONFIGS["gdn-kv2"].attn_kv_heads) == (1, 2)
+    for case in ("gdn-kv1", "gdn-kv2", "kda"):  # every hybrid case has a mixer and an attention layer
+        assert set(families.get(CONFIGS[case].family).layer_kinds(CONFIGS[case])) == {"mixer", "attention"}, case
+    gdn = CONFIGS["gdn-kv1"]
+    assert gdn.num_v_heads == 2 * gdn.num_k_heads == 2 * TP  # the qkvz groups hold two value heads each
 
 
-@pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_engine_tp_refuses_families_that_cannot_be_split(family):
-    """GDN and KDA (hybrid families) refuse tp_size 2 with a ValueError naming tp_size, before any
-    collective or allocation."""
-    cfg = tiny_config(family)
-    with pytest.raises(ValueError, match=r"^tp_size: expected 1 \(tensor parallelism is not supported"):
-        EngineRunner((cfg, random_params(cfg, 0)), "torch", tp=TensorParallel(0, 2))
+@pytest.mark.parametrize("family, cut, message", [
+    ("gdn", dict(num_k_heads=3, num_v_heads=6), r"divisor of num_k_heads = 3 \(gdn\), got 2$"),
+    ("gdn", dict(attn_heads=3, attn_kv_heads=1), r"divisor of attn_heads = 3 \(gdn\), got 2$"),
+    ("gdn", dict(intermediate_size=33), r"divisor of intermediate_size = 33 \(gdn\), got 2$"),
+    ("kda", dict(num_heads=3), r"divisor of num_heads = 3 \(kda\), got 2$"),
+    ("kda", dict(attn_heads=3), r"divisor of attn_heads = 3 \(kda\), got 2$"),
+    ("kda", dict(intermediate_size=33), r"divisor of intermediate_size = 33 \(kda\), got 2$"),
+])
+def test_engine_tp_refuses_hybrid_splits_the_weights_do_not_allow(family, cut, message):
+    """GDN and KDA refuse a tp_size that does not divide their heads or MLP with a ValueError naming tp_size,
+    before any collective or allocation (the runner's and the loader's check alike)."""
+    from dataclasses import replace
+    from harness.loader import check_tp
+    base = tiny_config(family)
+    cfg = replace(base, mixer=replace(base.mixer, **cut))
+    with pytest.raises(ValueError, match=r"^tp_size: expected a " + message):
+        EngineRunner((cfg, random_params(base, 0)), "torch", tp=TensorParallel(0, 2))
+    with pytest.raises(ValueError, match=r"^tp_size: expected a " + message):
+        check_tp(cfg, 2, 0)
+
+
+def test_engine_tp_refuses_kv_heads_that_neither_split_nor_replicate():
+    """GDN's key/value heads split (a multiple of tp_size) or replicate (a divisor of tp_size); 2 of them over
+    3 ranks do neither: a ValueError naming tp_size. A model without full-attention layers is not held to it."""
+    from dataclasses import replace
+    base = tiny_config("gdn")
+    cfg = replace(base, mixer=replace(base.mixer, num_k_heads=3, num_v_heads=6, attn_heads=6, attn_kv_heads=2,
+                                      intermediate_size=36))
+    with pytest.raises(ValueError, match=r"^tp_size: expected a divisor or a multiple of attn_kv_heads = 2 "
+                                         r"\(gdn\), got 3$"):
+        EngineRunner((cfg, random_params(base, 0)), "torch", tp=TensorParallel(0, 3))
+    linear_only = replace(cfg, mixer=replace(cfg.mixer, layer_types=("linear_attention",) * cfg.n_layer))
+    from harness.engine import families as engine_families
+    assert engine_families.get("gdn").check_tp(linear_only, 3) is None
 
 
 def test_engine_tp_refuses_bad_splits_and_ranks():
@@ -173,14 +271,16 @@ def test_engine_tp_weight_cuts(case):
         cuts.append(local)
     for name, whole in params.items():
         assert torch.equal(assemble_shards([c[name] for c in cuts], tp_mod.shard_rule(cfg, name)), whole), name
-    bad = dict(params, **{"out_proj.weight": params["out_proj.weight"][:, :3]})
-    with pytest.raises(ValueError, match=r"^params\['out_proj.weight'\]: expected shape"):
+    out = "out_proj.weight" if "out_proj.weight" in params else "o_proj.weight"  # KDA: o_proj
+    bad = dict(params, **{out: params[out][:, :3]})
+    with pytest.raises(ValueError, match=rf"^params\['{out}'\]: expected shape"):
         shard_mixer_params(cfg, bad, TensorParallel(0, TP))
 
 
 def test_state_slice_follows_the_spec():
     """state_slice cuts a whole state as the per-rank spec lays it out: Mamba-2 with one group keeps B and C
-    whole on every rank and splits x; with two groups each rank takes its group; heads split."""
+    whole on every rank and splits x; with two groups each rank takes its group; heads split. GDN and KDA
+    split each of their q, k and v conv segments (the spec's conv_dim / tp) and their recurrent heads."""
     N, Pd = 2, 1
     whole = Mamba2Spec(num_heads=4, head_dim=Pd, state_size=N, n_groups=1, conv_kernel=3, tp_size=1)
     conv = torch.arange(whole.conv_dim, dtype=torch.float64)[:, None].expand(-1, 2)
@@ -196,3 +296,46 @@ def test_state_slice_follows_the_spec():
     assert state_slice(spec2, "recurrent", rec, 1)[:, 0, 0].tolist() == [2, 3]
     with pytest.raises(ValueError, match=r"^full: expected a whole conv state of 12 channels"):
         state_slice(spec2, "conv", conv2[:10], 0)
+    gdn = GDNSpec(num_k_heads=2, num_v_heads=4, head_k_dim=1, head_v_dim=1, conv_kernel=3, tp_size=2)
+    conv3 = torch.arange(gdn.unsharded().conv_dim, dtype=torch.float64)[:, None].expand(-1, 2)  # q 2, k 2, v 4
+    assert state_slice(gdn, "conv", conv3, 1)[:, 0].tolist() == [1, 3, 6, 7]
+    kda = KDASpec(num_heads=2, head_dim=1, conv_kernel=3, tp_size=2)
+    assert state_slice(kda, "conv", conv3[:6], 0)[:, 0].tolist() == [0, 2, 4]
+    rec = torch.arange(4, dtype=torch.float64).reshape(4, 1, 1)
+    assert state_slice(gdn, "recurrent", rec, 1)[:, 0, 0].tolist() == [2, 3]
+
+
+def test_kv_slices_follow_the_heads():
+    """A rank's keys and values are its share of the key/value heads, or the one head its query heads read
+    when there are fewer heads than ranks (rank r of T: head r * H_kv // T); the attention weights are cut to
+    the same heads (split_heads), and a count that neither splits nor replicates is a ValueError."""
+    spec = GDNSpec(num_k_heads=4, num_v_heads=4, head_k_dim=1, head_v_dim=1, tp_size=4)
+    keys = torch.arange(2 * 2 * 3, dtype=torch.float64).reshape(3, 2, 2)  # 3 tokens, 2 heads of 2
+    assert [state_slice(spec, "kv", keys, r)[0, :, 0].tolist() for r in range(4)] == [[0], [0], [2], [2]]
+    spec2 = GDNSpec(num_k_heads=2, num_v_heads=2, head_k_dim=1, head_v_dim=1, tp_size=2)
+    assert state_slice(spec2, "kv", keys, 1).tolist() == keys[:, 1:].tolist()
+    assert [kv_heads_of_rank(4, r, 2) for r in range(2)] == [(0, 2), (2, 2)]
+    assert [kv_heads_of_rank(2, r, 4) for r in range(4)] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    w = torch.arange(8, dtype=torch.float64)[:, None]  # 2 key/value heads of 4 rows
+    assert split_heads(w, 2, TensorParallel(3, 4), kv=True)[:, 0].tolist() == [4, 5, 6, 7]
+    assert split_heads(w, 4, TensorParallel(1, 2))[:, 0].tolist() == [4, 5, 6, 7]
+    assert split_heads(w.t(), 2, TensorParallel(0, 2), dim=1)[0].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"^tp_size: expected a divisor or a multiple of num_kv_heads = 2, got 3$"):
+        kv_heads_of_rank(2, 0, 3)
+    with pytest.raises(ValueError, match=r"^full: expected keys or values"):
+        state_slice(spec2, "kv", keys[0], 0)
+
+
+def test_mlp_shard_is_column_then_row_parallel():
+    """A rank's MLP shard: gate_proj and up_proj rows, down_proj columns; the ranks' partial outputs sum to
+    the whole MLP's output."""
+    g = torch.Generator().manual_seed(0)
+    whole = {n: torch.randn(*s, generator=g, dtype=torch.float64) for n, s in
+             (("gate_proj.weight", (6, 4)), ("up_proj.weight", (6, 4)), ("down_proj.weight", (4, 6)))}
+    h = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    mlp = lambda p: (torch.nn.functional.silu(h @ p["gate_proj.weight"].t()) * (h @ p["up_proj.weight"].t())) \
+        @ p["down_proj.weight"].t()  # noqa: E731
+    parts = [TensorParallel(r, 2).shard_mlp(whole) for r in range(2)]
+    assert tuple(parts[1]["gate_proj.weight"].shape) == (3, 4) and tuple(parts[1]["down_proj.weight"].shape) == (4, 3)
+    torch.testing.assert_close(mlp(parts[0]) + mlp(parts[1]), mlp(whole), rtol=1e-12, atol=1e-12)
+    assert TensorParallel().shard_mlp(whole) is whole and TensorParallel(0, 2).shard_mlp({}) == {}

@@ -10,13 +10,24 @@ gated norm                  ``gated_rms_norm`` (group_size = head_v_dim, norm be
 
 The checkpoint's head-interleaved ``in_proj_qkvz`` (per key head: q, k, its value heads' v, z) and
 ``in_proj_ba`` (per key head: b, a) are permuted once at load into contiguous [q | k | v | z] and
-[b | a] row blocks, so a step needs no per-token reshuffle. Tensor parallelism is not supported yet
-(``check_tp`` refuses tp_size > 1).
+[b | a] row blocks, so a step needs no per-token reshuffle.
+
+Tensor parallelism (as vLLM's and SGLang's Qwen3-Next; Hk key heads, Hv = r * Hk value heads, T ranks,
+T dividing Hk): every rank holds Hk / T key heads and their Hv / T value heads. Because the checkpoint
+interleaves per key head, ``in_proj_qkvz`` and ``in_proj_ba`` are cut as ONE contiguous row section each
+(rank t: the key-head groups t*Hk/T ..), and the rank permutes its own groups into [q | k | v | z] and
+[b | a]; cutting them as q, k, v, z sections would mix up heads. conv1d dim 0 [q: Hk*K, k: Hk*K, v: Hv*V]
+(the spec's conv segments); dt_bias, A_log dim 0 [Hv]; norm.weight (one head's) replicated; out_proj dim 1
+[Hv*V] (row parallel, summed over the ranks).
 
 Qwen3-Next's full-attention layers (:class:`GatedAttention`): q_proj gives per head the query and the output
 gate; q and k go through per-head RMSNorms (weights 1 + stored weight, as the block norms:
 ``norm_offset`` 1) via ``gated_rms_norm``, then the rotary embedding on the first ``rotary_dim`` channels of
 each head; ``paged_attention`` over the paged KV pool; the output times sigmoid(gate) through o_proj.
+Under tensor parallelism q_proj's rows are cut by query heads (each head's query and gate together), k_proj
+and v_proj (and their biases) by key/value heads, replicated when there are fewer than the ranks (rank t:
+head t * H_kv // T, the one its query heads read), o_proj by columns (row parallel; its bias added once
+after the sum); the q/k norm weights (one head's) are replicated.
 Written independently of the reference (``reference/families/gdn.py``): the oracle shares no code with what
 it checks.
 """
@@ -26,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
-from harness.engine.families._delta import AttentionLayer, delta_step, no_tp
+from harness.engine.families._delta import AttentionLayer, check_tp as check_hybrid_tp, delta_step
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "gated_delta_rule_varlen", "gated_delta_rule_update",
        "gated_rms_norm")
@@ -43,21 +54,23 @@ def _block_rows(groups: int, sizes: list[int]) -> list[torch.Tensor]:
 class GDNMixer(EngineMixer):
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
-        Hk, K, V = cfg.num_k_heads, cfg.head_k_dim, cfg.head_v_dim
-        r = cfg.num_v_heads // Hk
+        # this rank's heads (all of them with one rank)
+        self.Hk, self.Hv = self.local(cfg.num_k_heads), self.local(cfg.num_v_heads)
+        K, V = cfg.head_k_dim, cfg.head_v_dim
+        r = cfg.num_v_heads // cfg.num_k_heads
         qkvz = self.weight("in_proj_qkvz.weight")
-        self.qkvz_w = qkvz[torch.cat(_block_rows(Hk, [K, K, r * V, r * V])).to(qkvz.device)].contiguous()
+        self.qkvz_w = qkvz[torch.cat(_block_rows(self.Hk, [K, K, r * V, r * V])).to(qkvz.device)].contiguous()
         ba = self.weight("in_proj_ba.weight")
-        self.ba_w = ba[torch.cat(_block_rows(Hk, [r, r])).to(ba.device)].contiguous()
+        self.ba_w = ba[torch.cat(_block_rows(self.Hk, [r, r])).to(ba.device)].contiguous()
         self.A = -torch.exp(self.state_param("A_log"))
         self.dt_bias = self.state_param("dt_bias")
-        self.norm_w = self.weight("norm.weight").repeat(cfg.num_v_heads).contiguous()
+        self.norm_w = self.weight("norm.weight").repeat(self.Hv).contiguous()
 
     def forward(self, h, md, conv_states, ssm_states):
         cfg = self.cfg
         T = h.shape[0]
-        Hk, Hv, K, V = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
-        qkv, z = torch.split(linear(h, self.qkvz_w), [cfg.conv_dim, cfg.value_dim], dim=-1)
+        Hk, Hv, K, V = self.Hk, self.Hv, cfg.head_k_dim, cfg.head_v_dim
+        qkv, z = torch.split(linear(h, self.qkvz_w), [2 * Hk * K + Hv * V, Hv * V], dim=-1)
         b, a = torch.split(linear(h, self.ba_w), [Hv, Hv], dim=-1)
         qkv = self.conv(qkv.contiguous(), md, conv_states)
         q, k, v = torch.split(qkv, [Hk * K, Hk * K, Hv * V], dim=-1)
@@ -68,19 +81,20 @@ class GDNMixer(EngineMixer):
                        v.reshape(T, Hv, V).contiguous(), g, beta, ssm_states)
         y = self.ops["gated_rms_norm"](o.reshape(T, Hv * V).to(self.dtype).contiguous(), self.norm_w,
                                        z.contiguous(), eps=float(cfg.norm_eps), group_size=V, norm_before_gate=True)
-        return linear(y.to(self.dtype), self.out_w)
+        return self.out_proj(y)
 
 
 class GatedAttention(AttentionLayer):
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         H, Hkv = cfg.attn_heads, cfg.attn_kv_heads
-        self.q_w, self.q_b = self.weight("q_proj.weight"), self.weight("q_proj.bias")
-        self.k_w, self.k_b = self.weight("k_proj.weight"), self.weight("k_proj.bias")
-        self.v_w, self.v_b = self.weight("v_proj.weight"), self.weight("v_proj.bias")
-        self.o_w, self.o_b = self.weight("o_proj.weight"), self.weight("o_proj.bias")
-        self.q_norm = (1 + self.weight("q_norm.weight")).repeat(H).contiguous()
-        self.k_norm = (1 + self.weight("k_norm.weight")).repeat(Hkv).contiguous()
+        self.H, self.Hkv = self.local(H), self.local(Hkv, kv=True)  # this rank's heads
+        self.q_w, self.q_b = self.heads("q_proj.weight", H), self.heads("q_proj.bias", H)
+        self.k_w, self.k_b = self.heads("k_proj.weight", Hkv, kv=True), self.heads("k_proj.bias", Hkv, kv=True)
+        self.v_w, self.v_b = self.heads("v_proj.weight", Hkv, kv=True), self.heads("v_proj.bias", Hkv, kv=True)
+        self.o_w, self.o_b = self.heads("o_proj.weight", H, dim=1), self.weight("o_proj.bias")
+        self.q_norm = (1 + self.weight("q_norm.weight")).repeat(self.H).contiguous()
+        self.k_norm = (1 + self.weight("k_norm.weight")).repeat(self.Hkv).contiguous()
         rd = cfg.rotary_dim
         pdt = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=pdt, device=self.device) / rd))
@@ -98,7 +112,7 @@ class GatedAttention(AttentionLayer):
 
     def forward(self, h, md, kv, layer):
         cfg = self.cfg
-        T, H, Hkv, D = h.shape[0], cfg.attn_heads, cfg.attn_kv_heads, cfg.attn_head_dim
+        T, H, Hkv, D = h.shape[0], self.H, self.Hkv, cfg.attn_head_dim
         qg = self.project(h, self.q_w, self.q_b).reshape(T, H, 2 * D)
         q, gate = qg[..., :D], qg[..., D:].reshape(T, H * D)
         q = self.head_norm(q, self.q_norm, cfg.norm_eps)
@@ -106,16 +120,15 @@ class GatedAttention(AttentionLayer):
         v = self.project(h, self.v_w, self.v_b).reshape(T, Hkv, D)
         pos = self.positions(md)
         o = self.attend(kv, layer, md, self.rope(q, pos), self.rope(k, pos), v, D ** -0.5)
-        return self.project(o.reshape(T, H * D) * torch.sigmoid(gate), self.o_w, self.o_b)
+        return self.out(o.reshape(T, H * D) * torch.sigmoid(gate), self.o_w, self.o_b)
 
 
 def shard_sections(cfg, p: str):
-    """The cut each parameter would take (heads split across ranks); `check_tp` refuses tp_size > 1
-    until the loader permutes the head-interleaved projections per rank."""
+    """The cut of each mixer parameter (heads split across ranks; see the module doc)."""
     Hv = cfg.num_v_heads
-    if p == "in_proj_qkvz.weight":
+    if p == "in_proj_qkvz.weight":  # per key head [q, k, v, z]: whole key-head groups per rank
         return 0, ((2 * cfg.key_dim + 2 * cfg.value_dim, True),)
-    if p == "in_proj_ba.weight":
+    if p == "in_proj_ba.weight":  # per key head [b, a]
         return 0, ((2 * Hv, True),)
     if p == "conv1d.weight":
         return 0, ((cfg.key_dim, True), (cfg.key_dim, True), (cfg.value_dim, True))
@@ -128,4 +141,26 @@ def shard_sections(cfg, p: str):
     return None
 
 
-register(EngineFamily("gdn", GDNMixer, OPS, no_tp("gdn"), shard_sections, attention=GatedAttention, norm_offset=1.0))
+def check_tp(cfg, tp_size: int) -> None:
+    """Key heads (and so value heads), the MLP and, with full-attention layers, query heads split evenly;
+    key/value heads split or replicated."""
+    divisible = {"num_k_heads": cfg.num_k_heads, "intermediate_size": cfg.intermediate_size}
+    attention = "full_attention" in cfg.layer_types
+    if attention:
+        divisible["attn_heads"] = cfg.attn_heads
+    check_hybrid_tp("gdn", tp_size, divisible, cfg.attn_kv_heads if attention else None)
+
+
+def tp_cases(cfg, tp_size: int):
+    """`cfg` with `tp_size` key heads (two value heads each) and 2 * `tp_size` query heads, over ONE key/value
+    head (replicated on every rank), over `tp_size` key/value heads (split) and, where it differs from both
+    and `tp_size` allows it, over two (each replicated on half the ranks)."""
+    from dataclasses import replace
+    T = tp_size
+    return tuple((f"{cfg.family}-kv{g}", replace(cfg, mixer=replace(cfg.mixer, num_k_heads=T, num_v_heads=2 * T,
+                                                                    attn_heads=2 * T, attn_kv_heads=g)))
+                 for g in dict.fromkeys((1, T, 2)) if T % g == 0)
+
+
+register(EngineFamily("gdn", GDNMixer, OPS, check_tp, shard_sections, attention=GatedAttention, norm_offset=1.0,
+                      tp_cases=tp_cases))

@@ -9,13 +9,20 @@ output norm                 ``gated_rms_norm`` without a gate (group_size = head
                             output gate as an elementwise product
 ==========================  ===================================  =================================
 
-The q/k/v projections and their three conv weights are fused into one weight each at load. Tensor parallelism is not supported yet
-(``check_tp`` refuses tp_size > 1).
+The q/k/v projections and their three conv weights are fused into one weight each at load.
+
+Tensor parallelism (as vLLM's Kimi Linear; H heads of Dh, T ranks dividing H): every rank holds H / T heads.
+q/k/v_proj, their conv weights, f_b_proj, g_b_proj and dt_bias dim 0 [H*Dh]; b_proj dim 0 [H]; A_log
+(1, 1, H, 1) dim 2; the low-rank f_a_proj, g_a_proj and the per-head o_norm weight replicated; o_proj dim 1
+[H*Dh] (row parallel, summed over the ranks).
 
 Kimi Linear's full-attention layers (:class:`LatentAttention`): multi-head latent attention without positional
 encoding. kv_a_proj_with_mqa gives the latent (normalised by kv_a_layernorm, eps 1e-6, via
 ``gated_rms_norm``) and the key part shared by every head; kv_b_proj expands the latent into per-head key
 and value parts; the expanded keys and values go into the paged KV pool (``paged_attention``).
+Under tensor parallelism q_proj and kv_b_proj are cut by heads, the latent projection
+(kv_a_proj_with_mqa, its norm) is replicated, o_proj cut by columns (row parallel; its bias added once after
+the sum), and each rank's paged KV pool holds the expanded keys and values of its heads.
 Written independently of the reference (``reference/families/kda.py``): the oracle shares no code with what
 it checks.
 """
@@ -25,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
-from harness.engine.families._delta import AttentionLayer, delta_step, no_tp
+from harness.engine.families._delta import AttentionLayer, check_tp as check_hybrid_tp, delta_step
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "kda_varlen", "kda_update", "gated_rms_norm")
 
@@ -36,7 +43,8 @@ class KDAMixer(EngineMixer):
 
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
-        H, D = cfg.num_heads, cfg.head_dim
+        self.H = H = self.local(cfg.num_heads)  # this rank's heads
+        D = cfg.head_dim
         self.qkv_w = torch.cat([self.weight(f"{n}_proj.weight") for n in "qkv"]).contiguous()
         self.fa_w, self.fb_w = self.weight("f_a_proj.weight"), self.weight("f_b_proj.weight")
         self.ga_w, self.gb_w = self.weight("g_a_proj.weight"), self.weight("g_b_proj.weight")
@@ -44,11 +52,11 @@ class KDAMixer(EngineMixer):
         self.A = -torch.exp(self.state_param("A_log").reshape(H, 1))
         self.dt_bias = self.state_param("dt_bias").reshape(H, D)
         self.norm_w = self.weight("o_norm.weight").repeat(H).contiguous()
-        self.o_w = self.weight("o_proj.weight")
+        self.out_w, self.out_b = self.weight("o_proj.weight"), None
 
     def forward(self, h, md, conv_states, ssm_states):
         cfg = self.cfg
-        T, H, D = h.shape[0], cfg.num_heads, cfg.head_dim
+        T, H, D = h.shape[0], self.H, cfg.head_dim
         qkv = self.conv(linear(h, self.qkv_w).contiguous(), md, conv_states)
         q, k, v = (x.reshape(T, H, D).contiguous() for x in torch.split(qkv, [H * D] * 3, dim=-1))
         f = linear(linear(h, self.fa_w), self.fb_w).reshape(T, H, D).to(self._pdt)
@@ -58,7 +66,7 @@ class KDAMixer(EngineMixer):
         y = self.ops["gated_rms_norm"](o.reshape(T, H * D).to(self.dtype).contiguous(), self.norm_w, None,
                                        eps=float(cfg.norm_eps), group_size=D)
         gate = torch.sigmoid(linear(linear(h, self.ga_w), self.gb_w))
-        return linear(y.to(self.dtype) * gate, self.o_w)
+        return self.out_proj(y.to(self.dtype) * gate)
 
 
 class LatentAttention(AttentionLayer):
@@ -66,15 +74,17 @@ class LatentAttention(AttentionLayer):
 
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
-        self.q_w = self.weight("q_proj.weight")
+        H = cfg.attn_heads
+        self.H = self.local(H)  # this rank's heads
+        self.q_w = self.heads("q_proj.weight", H)
         self.a_w, self.a_b = self.weight("kv_a_proj_with_mqa.weight"), self.weight("kv_a_proj_with_mqa.bias")
         self.latent_norm = self.weight("kv_a_layernorm.weight")
-        self.b_w = self.weight("kv_b_proj.weight")
-        self.o_w, self.o_b = self.weight("o_proj.weight"), self.weight("o_proj.bias")
+        self.b_w = self.heads("kv_b_proj.weight", H)
+        self.o_w, self.o_b = self.heads("o_proj.weight", H, dim=1), self.weight("o_proj.bias")
 
     def forward(self, h, md, kv, layer):
         cfg = self.cfg
-        T, H, r = h.shape[0], cfg.attn_heads, cfg.kv_lora_rank
+        T, H, r = h.shape[0], self.H, cfg.kv_lora_rank
         nope, rope, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         q = self.project(h, self.q_w).reshape(T, H, nope + rope)
         a = self.project(h, self.a_w, self.a_b)
@@ -82,11 +92,11 @@ class LatentAttention(AttentionLayer):
         kvb = self.project(latent, self.b_w).reshape(T, H, nope + vd)
         k = torch.cat([kvb[..., :nope], a[:, None, r:].expand(T, H, rope)], dim=-1)
         o = self.attend(kv, layer, md, q, k, kvb[..., nope:], (nope + rope) ** -0.5)
-        return self.project(o.reshape(T, H * vd), self.o_w, self.o_b)
+        return self.out(o.reshape(T, H * vd), self.o_w, self.o_b)
 
 
 def shard_sections(cfg, p: str):
-    """The cut each parameter would take (heads split across ranks); `check_tp` refuses tp_size > 1."""
+    """The cut of each mixer parameter (heads split across ranks; see the module doc)."""
     HD, H = cfg.num_heads * cfg.head_dim, cfg.num_heads
     if p in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "f_b_proj.weight", "g_b_proj.weight",
              "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "dt_bias"):
@@ -102,4 +112,21 @@ def shard_sections(cfg, p: str):
     return None
 
 
-register(EngineFamily("kda", KDAMixer, OPS, no_tp("kda"), shard_sections, attention=LatentAttention))
+def check_tp(cfg, tp_size: int) -> None:
+    """KDA heads, the MLP and, with full-attention layers, the attention heads (as many key/value heads as
+    query heads) split evenly."""
+    divisible = {"num_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size}
+    if "full_attention" in cfg.layer_types:
+        divisible["attn_heads"] = cfg.attn_heads
+    check_hybrid_tp("kda", tp_size, divisible)
+
+
+def tp_cases(cfg, tp_size: int):
+    """`cfg` with (at least) `tp_size` KDA heads and attention heads."""
+    from dataclasses import replace
+    n = max(cfg.num_heads, tp_size) // tp_size * tp_size
+    a = max(cfg.attn_heads, tp_size) // tp_size * tp_size
+    return ((cfg.family, replace(cfg, mixer=replace(cfg.mixer, num_heads=n, attn_heads=a))),)
+
+
+register(EngineFamily("kda", KDAMixer, OPS, check_tp, shard_sections, attention=LatentAttention, tp_cases=tp_cases))
