@@ -2,25 +2,35 @@
 # The GPU run: regenerates a device baseline folder, reports/baselines/<device>/, as one set.
 #
 #   bash scripts/gpu.sh [--device NAME] [--out DIR] [--logs DIR] [--budget SECONDS] [--steps LIST] [--workers N]
+#                       [--gpus N] [--resume DIR]
 #
 #   --device   folder name (default: from the GPU's name, e.g. "NVIDIA H200" -> h200)
 #   --out      baseline folder (default reports/baselines/<device>)
 #   --logs     pytest/benchmark logs, outcome files, sweep timings, built peer extensions
 #              (default reports/runs/gpu-<time>, git-ignored)
 #   --budget   seconds for the whole run (default 3600); each step gets at most what is left
-#   --steps    comma-separated subset of: env,suites,bench,throughput,peers,sweep (default all but sweep, in
-#              that order)
+#   --steps    comma-separated subset of: env,tp,suites,bench,throughput,peers,sweep (default all but tp and
+#              sweep, in that order)
 #   --workers  pytest-xdist workers for the suites (default 8)
+#   --gpus     1 (default) runs the steps one after the other on the first GPU. 2 runs two lanes at once:
+#              the timing lane (bench, throughput, sweep) on GPU 0 pinned to a quarter of the CPU cores,
+#              and the checking lane (suites, peers) on GPU 1 with the other cores, so timings are not taken
+#              beside busy test workers; the tp step runs first on both GPUs.
+#   --resume   logs folder of an earlier run cut by its budget: the suites and peers steps run only the tests
+#              its outcome files do not record as passed or skipped, and add their records to the baseline
+#              folder's results files instead of replacing them
 #
 # Steps and what each writes into the baseline folder:
 #   env         env.json: versions, GPU, clocks, peers found; each later step adds its exit code and seconds
+#   tp          (only when named; 2 GPUs) the tensor-parallel suite over NCCL, TP = 2 against TP = 1 for
+#               every family, ours                                                       -> results-tp.jsonl
 #   suites      pytest suites/ --device cuda --impl triton --impl torch               -> results.jsonl
 #   bench       harness bench --device cuda, once the peers' CUDA extensions are built: ours, the peers'
 #               adapters and the peers' own kernels (mamba_ssm's CUDA scan and Triton state update, SSD
 #               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
 #   throughput  harness bench throughput, falcon-mamba-7b and mamba-codestral-7b shapes,
 #               transformers alongside                                                  -> throughput.jsonl
-#   peers       op suites, the engine and delta-mixer oracles with the peers' adapters (mamba_ssm,
+#   peers       every suite but the benchmarks' with the peers' adapters (mamba_ssm, mamba_ssm_cuda,
 #               causal_conv1d, fla, vllm, sglang: those importable)                       -> results-peers.jsonl
 #   sweep       (only when named) harness bench sweep for every op with launch-configuration candidates:
 #               the winners go to harness/impls/triton/configs/<device>/ (review, then commit them); the
@@ -41,8 +51,8 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8; GPUS=1; RESUME=""
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
@@ -51,19 +61,26 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET=${2:?--budget needs a value}; shift 2 ;;
     --steps) STEPS=${2:?--steps needs a value}; shift 2 ;;
     --workers) WORKERS=${2:?--workers needs a value}; shift 2 ;;
+    --gpus) GPUS=${2:?--gpus needs a value}; shift 2 ;;
+    --resume) RESUME=${2:?--resume needs a value}; shift 2 ;;
     -h|--help) usage 0 ;;
-    *) echo "gpu.sh: unknown argument $1 (expected --device/--out/--logs/--budget/--steps/--workers)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown argument $1 (expected --device/--out/--logs/--budget/--steps/--workers/--gpus/--resume)" >&2; exit 2 ;;
   esac
 done
 case "$BUDGET" in ''|*[!0-9]*) echo "gpu.sh: --budget: expected whole seconds, got $BUDGET" >&2; exit 2 ;; esac
 case "$WORKERS" in ''|*[!0-9]*) echo "gpu.sh: --workers: expected a whole number, got $WORKERS" >&2; exit 2 ;; esac
+case "$GPUS" in 1|2) ;; *) echo "gpu.sh: --gpus: expected 1 or 2, got $GPUS" >&2; exit 2 ;; esac
+if [ -n "$RESUME" ] && [ ! -d "$RESUME" ]; then echo "gpu.sh: --resume: expected the logs folder of an earlier run, got $RESUME" >&2; exit 2; fi
 for s in ${STEPS//,/ }; do
-  case "$s" in env|suites|bench|throughput|peers|sweep) ;;
-    *) echo "gpu.sh: --steps: expected a subset of env,suites,bench,throughput,peers,sweep, got $s" >&2; exit 2 ;; esac
+  case "$s" in env|tp|suites|bench|throughput|peers|sweep) ;;
+    *) echo "gpu.sh: --steps: expected a subset of env,tp,suites,bench,throughput,peers,sweep, got $s" >&2; exit 2 ;; esac
 done
-if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$NGPU" -lt 1 ]; then
   echo "gpu.sh: expected a CUDA device, got none (torch.cuda.is_available() is False)" >&2; exit 2
 fi
+if [ "$GPUS" -gt "$NGPU" ]; then echo "gpu.sh: --gpus: expected at most the $NGPU GPU(s) here, got $GPUS" >&2; exit 2; fi
+case ",$STEPS," in *,tp,*) [ "$NGPU" -ge 2 ] || { echo "gpu.sh: --steps tp: expected 2 GPUs, got $NGPU" >&2; exit 2; } ;; esac
 # the folder name the kernels' launch configurations use too (harness/impls/triton/configs/<device>/)
 [ -n "$DEVICE" ] || DEVICE=$(python3 -c "import torch; from harness.impls.triton._common import device_folder; print(device_folder(torch.cuda.get_device_name()))")
 DIR=${DIR:-reports/baselines/$DEVICE}
@@ -76,31 +93,45 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 # limit CAP: the step's time limit, at most what is left of the budget less a margin for the file moves
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-# note STEP RC SECONDS: the step's exit code (124: cut by its time limit) and seconds, into env.json
+# note STEP RC SECONDS: the step's exit code (124: cut by its time limit) and seconds, into env.json (under a
+# lock: the two lanes note at the same time)
 note() {
   python3 - "$DIR/env.json" "$1" "$2" "$3" <<'PY'
-import json, os, sys
+import fcntl, json, os, sys
 path, step, rc, sec = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-env = json.load(open(path)) if os.path.isfile(path) else {}
-env.setdefault("steps", {})[step] = {"exit": rc, "seconds": sec, "cut": rc in (124, 137)}
-with open(path + ".tmp", "w") as f:
-    json.dump(env, f, indent=1)
-os.replace(path + ".tmp", path)
+with open(path + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    env = json.load(open(path)) if os.path.isfile(path) else {}
+    env.setdefault("steps", {})[step] = {"exit": rc, "seconds": sec, "cut": rc in (124, 137)}
+    with open(path + ".tmp", "w") as f:
+        json.dump(env, f, indent=1)
+    os.replace(path + ".tmp", path)
 PY
+  rm -f "$DIR/env.json.lock"
 }
-# place FILE...: move finished step outputs from the logs into the baseline folder
-place() { for f in "$@"; do [ -s "$LOGS/$f" ] && cp "$LOGS/$f" "$DIR/$f.tmp" && mv "$DIR/$f.tmp" "$DIR/$f"; done; }
+# place FILE...: move finished step outputs from the logs into the baseline folder (with --resume, a results
+# file is added to the one there: the earlier run's records and this run's make the set)
+place() {
+  for f in "$@"; do
+    [ -s "$LOGS/$f" ] || continue
+    if [ -n "$RESUME" ] && [ -s "$DIR/$f" ]; then cat "$DIR/$f" "$LOGS/$f" > "$DIR/$f.tmp"; else cp "$LOGS/$f" "$DIR/$f.tmp"; fi
+    mv "$DIR/$f.tmp" "$DIR/$f"
+  done
+}
+# resume_args OUTCOMES: the pytest --resume argument for an earlier run's outcome file, if there is one
+resume_args() { [ -n "$RESUME" ] && [ -s "$RESUME/$1" ] && echo "--resume $RESUME/$1"; }
 
 for s in ${STEPS//,/ }; do
   case "$s" in
-    suites) rm -f "$DIR/results.jsonl" ;;
+    suites) [ -n "$RESUME" ] || rm -f "$DIR/results.jsonl" ;;
+    peers) [ -n "$RESUME" ] || rm -f "$DIR/results-peers.jsonl" ;;
+    tp) rm -f "$DIR/results-tp.jsonl" ;;
     bench) rm -f "$DIR/bench.jsonl" ;;
     throughput) rm -f "$DIR/throughput.jsonl" ;;
-    peers) rm -f "$DIR/results-peers.jsonl" ;;
     env) rm -f "$DIR/env.json" ;;
   esac
 done
-log "device $DEVICE -> $DIR (logs $LOGS, budget ${BUDGET}s, steps $STEPS)"
+log "device $DEVICE -> $DIR (logs $LOGS, budget ${BUDGET}s, steps $STEPS, gpus $GPUS${RESUME:+, resuming $RESUME})"
 
 # The peers' CUDA extensions compile in the background while the suites run.
 if want bench || want peers || want throughput; then
@@ -108,95 +139,117 @@ if want bench || want peers || want throughput; then
   (PEERS_BUILD_CUDA=1 . scripts/peers_setup.sh) >> "$LOG" 2>&1
 fi
 
-if want env; then
-  python3 - "$DIR/env.json" <<'PY' >> "$LOG" 2>&1
+PYTEST_COMMON="--device cuda -q -rfs -p no:randomly -p no:cacheprovider --tb=line"
+
+step_env() {
+  python3 - "$DIR/env.json" "$GPUS" <<'PY' >> "$LOG" 2>&1
 import glob, json, os, subprocess, sys
 from harness.env import environment
 from harness.bench.runner import clocks
 env = environment("cuda")
 env["clocks"] = clocks("cuda")
 env["peers"] = sorted(os.path.basename(p) for p in glob.glob(".peers/*.tar.gz") + glob.glob(".peers/*.whl"))
+env["gpus_used"] = int(sys.argv[2])
 env["steps"] = {}
 with open(sys.argv[1] + ".tmp", "w") as f:
     json.dump(env, f, indent=1)
 os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 PY
   log "env: $?"
-fi
+}
 
-PYTEST_COMMON="--device cuda -q -rfs -p no:randomly -p no:cacheprovider --tb=line"
+step_tp() {
+  [ "$(left)" -lt 60 ] && { log "tp: skipped (budget spent)"; return; }
+  local t rc; t=$(date +%s)
+  timeout "$(limit ${TPAR_S:-300})" python3 -m pytest suites/engine/test_engine_tp.py --impl triton --impl torch \
+    $PYTEST_COMMON --results "$LOGS/results-tp.jsonl" --outcomes "$LOGS/outcomes-tp.jsonl" > "$LOGS/tp.txt" 2>&1
+  rc=$?; place results-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
+  log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
+}
 
-if want suites; then
-  if [ "$(left)" -lt 60 ]; then log "suites: skipped (budget spent)"; else
-    t=$(date +%s)
-    # our implementations without the peers on the path (nothing of ours imports them)
-    timeout "$(limit ${SUITES_S:-1500})" python3 -m pytest suites/ --impl triton --impl torch $PYTEST_COMMON \
-      -n "$WORKERS" --results "$LOGS/results.jsonl" --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
-    rc=$?; place results.jsonl; note suites $rc $(( $(date +%s) - t ))
-    log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
-  fi
-fi
+step_suites() {
+  [ "$(left)" -lt 60 ] && { log "suites: skipped (budget spent)"; return; }
+  local t rc; t=$(date +%s)
+  # our implementations without the peers on the path (nothing of ours imports them)
+  timeout "$(limit ${SUITES_S:-1500})" env PYTHONPATH="$OURS_PATH" python3 -m pytest suites/ --impl triton --impl torch \
+    $PYTEST_COMMON -n "$WORKERS" $(resume_args outcomes.jsonl) --results "$LOGS/results.jsonl" \
+    --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
+  rc=$?; place results.jsonl; note suites $rc $(( $(date +%s) - t ))
+  log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
+}
 
-if want bench || want throughput || want peers; then
-  . scripts/peers_setup.sh >> "$LOG" 2>&1
-fi
+step_bench() {
+  [ "$(left)" -lt 60 ] && { log "bench: skipped (budget spent)"; return; }
+  local t rc w; t=$(date +%s); rc=0
+  # the peers' own CUDA kernels are backends of the same run: wait for the background builds first
+  # (only when their sources were carried: .peers/*.tar.gz)
+  w=$(limit ${BUILD_WAIT_S:-400}); ls .peers/*.tar.gz >/dev/null 2>&1 || w=0
+  while [ "$w" -gt 0 ] && [ "$(ls /tmp/peers/ext/*.so 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; w=$(( w - 5 )); done
+  log "bench: peer extensions: $(ls /tmp/peers/ext/*.so 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
+  timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
+    ${BENCH_OPS:+--op $BENCH_OPS} ${BENCH_IMPLS:+--impl $BENCH_IMPLS} \
+    --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
+  log "bench: harness bench exit $rc"
+  place bench.jsonl
+  note bench $rc $(( $(date +%s) - t ))
+  mkdir -p "$LOGS/ext"
+  for so in /tmp/peers/ext/*.so; do [ -e "$so" ] && gzip -c "$so" > "$LOGS/ext/$(basename "$so").gz"; done
+}
 
-if want bench; then
-  if [ "$(left)" -lt 60 ]; then log "bench: skipped (budget spent)"; else
-    t=$(date +%s); rc=0
-    # the peers' own CUDA kernels are backends of the same run: wait for the background builds first
-    # (only when their sources were carried: .peers/*.tar.gz)
-    w=$(limit ${BUILD_WAIT_S:-400}); ls .peers/*.tar.gz >/dev/null 2>&1 || w=0
-    while [ "$w" -gt 0 ] && [ "$(ls /tmp/peers/ext/*.so 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; w=$(( w - 5 )); done
-    log "bench: peer extensions: $(ls /tmp/peers/ext/*.so 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
-    timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
-      --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
-    log "bench: harness bench exit $rc"
-    place bench.jsonl
-    note bench $rc $(( $(date +%s) - t ))
-    mkdir -p "$LOGS/ext"
-    for so in /tmp/peers/ext/*.so; do [ -e "$so" ] && gzip -c "$so" > "$LOGS/ext/$(basename "$so").gz"; done
-  fi
-fi
+step_throughput() {
+  [ "$(left)" -lt 60 ] && { log "throughput: skipped (budget spent)"; return; }
+  local t rc preset; t=$(date +%s); rc=0
+  for preset in falcon-mamba-7b mamba-codestral-7b; do
+    [ "$(left)" -lt 40 ] && { log "throughput: $preset skipped (budget spent)"; continue; }
+    timeout "$(limit ${TP_S:-300})" python3 -m harness.cli bench throughput --device cuda --preset "$preset" --impl triton \
+      --prefill 4096 --decode-batch 64 --reps 3 --warmup 1 --hf-new-tokens 4 --out "$LOGS/throughput.jsonl" \
+      >> "$LOGS/throughput.txt" 2>&1 || rc=$?
+    log "throughput: $preset exit $rc"
+    place throughput.jsonl
+  done
+  note throughput $rc $(( $(date +%s) - t ))
+}
 
-if want throughput; then
-  if [ "$(left)" -lt 60 ]; then log "throughput: skipped (budget spent)"; else
-    t=$(date +%s); rc=0
-    for preset in falcon-mamba-7b mamba-codestral-7b; do
-      [ "$(left)" -lt 40 ] && { log "throughput: $preset skipped (budget spent)"; continue; }
-      timeout "$(limit ${TP_S:-300})" python3 -m harness.cli bench throughput --device cuda --preset "$preset" --impl triton \
-        --prefill 4096 --decode-batch 64 --reps 3 --warmup 1 --hf-new-tokens 4 --out "$LOGS/throughput.jsonl" \
-        >> "$LOGS/throughput.txt" 2>&1 || rc=$?
-      log "throughput: $preset exit $rc"
-      place throughput.jsonl
-    done
-    note throughput $rc $(( $(date +%s) - t ))
-  fi
-fi
+step_peers() {
+  [ "$(left)" -lt 60 ] && { log "peers: skipped (budget spent)"; return; }
+  local t rc; t=$(date +%s)
+  # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
+  # is not importable would stop the run)
+  timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ --ignore=suites/bench \
+    -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" \
+    $(resume_args outcomes-peers.jsonl) --results "$LOGS/results-peers.jsonl" \
+    --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
+  rc=$?; place results-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
+  log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
+}
 
-if want peers; then
-  if [ "$(left)" -lt 60 ]; then log "peers: skipped (budget spent)"; else
-    t=$(date +%s)
-    # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
-    # is not importable would stop the run)
-    timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ops suites/models/test_models_engine_oracle.py \
-      suites/models/test_models_delta_mixer_oracle.py \
-      -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" --results "$LOGS/results-peers.jsonl" \
-      --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
-    rc=$?; place results-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
-    log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
-  fi
-fi
+step_sweep() {
+  [ "$(left)" -lt 60 ] && { log "sweep: skipped (budget spent)"; return; }
+  local t rc; t=$(date +%s)
+  timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
+    --op ${SWEEP_OPS:-selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec} \
+    --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$LOGS/sweep.jsonl" > "$LOGS/sweep.txt" 2>&1
+  rc=$?; note sweep $rc $(( $(date +%s) - t ))
+  log "sweep: exit $rc; configs: $(git status --short harness/impls/triton/configs | tr '\n' ' ')"
+}
 
-if want sweep; then
-  if [ "$(left)" -lt 60 ]; then log "sweep: skipped (budget spent)"; else
-    t=$(date +%s)
-    timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
-      --op selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update \
-      --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$LOGS/sweep.jsonl" > "$LOGS/sweep.txt" 2>&1
-    rc=$?; note sweep $rc $(( $(date +%s) - t ))
-    log "sweep: exit $rc; configs: $(git status --short harness/impls/triton/configs | tr '\n' ' ')"
-  fi
+# run_steps STEP...: the named steps that were asked for, in order
+run_steps() { for s in "$@"; do want "$s" && "step_$s"; done; }
+
+OURS_PATH=${PYTHONPATH:-}
+want env && step_env
+. scripts/peers_setup.sh >> "$LOG" 2>&1
+want tp && step_tp
+if [ "$GPUS" = 2 ]; then
+  ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
+  pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+  export -f step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args
+  export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
+  CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps bench throughput sweep' &
+  CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &
+  wait
+else
+  run_steps suites bench throughput peers sweep
 fi
 
 for f in /tmp/peers/build-*.log; do [ -e "$f" ] && cp "$f" "$LOGS/"; done
