@@ -15,7 +15,9 @@
 #   --gpus     1 (default) runs the steps one after the other on the first GPU. 2 runs two lanes at once:
 #              the timing lane (bench, throughput, sweep) on GPU 0 pinned to a quarter of the CPU cores,
 #              and the checking lane (suites, peers) on GPU 1 with the other cores, so timings are not taken
-#              beside busy test workers; the tp step runs first on both GPUs.
+#              beside busy test workers; the tp step runs first on both GPUs. Without suites or peers to run,
+#              the bench step times on both GPUs at once (Mamba ops on GPU 0, delta-rule and speculative
+#              ops on GPU 1, each process pinned to its own quarter of the cores).
 #   --resume   logs folder of an earlier run cut by its budget: the suites and peers steps run only the tests
 #              its outcome files do not record as passed or skipped, and add their records to the baseline
 #              folder's results files instead of replacing them
@@ -52,7 +54,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8; GPUS=1; RESUME=""
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
@@ -186,9 +188,43 @@ step_bench() {
   w=$(limit ${BUILD_WAIT_S:-400}); ls .peers/*.tar.gz >/dev/null 2>&1 || w=0
   while [ "$w" -gt 0 ] && [ "$(ls /tmp/peers/ext/*.so 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; w=$(( w - 5 )); done
   log "bench: peer extensions: $(ls /tmp/peers/ext/*.so 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
-  timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
-    ${BENCH_OPS:+--op $BENCH_OPS} ${BENCH_IMPLS:+--impl $BENCH_IMPLS} \
-    --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
+  if [ "${BENCH_SPLIT:-0}" = 1 ]; then
+    # both GPUs time: the Mamba ops on GPU 0, the delta-rule and speculative ops on GPU 1, each process on
+    # its own quarter of the cores; one file after (the second process's env record dropped)
+    local halves; halves=$(python3 -c "
+from harness.bench.registry import known_names
+ops = [o for o in known_names()[0] if not '${BENCH_OPS:-}' or o in '${BENCH_OPS:-}'.split(',')]
+late = [o for o in ops if 'delta' in o or 'kda' in o or 'spec' in o]
+print(','.join(o for o in ops if o not in late) or '-', ','.join(late) or '-')")
+    local g=0 ops pids=""
+    for ops in $halves; do
+      [ "$ops" = - ] || { CUDA_VISIBLE_DEVICES=$g pin "$(( g * QUARTER ))-$(( g * QUARTER + QUARTER - 1 ))" \
+        timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress --op "$ops" ${BENCH_IMPLS:+--impl $BENCH_IMPLS} \
+        --out "$LOGS/bench-gpu$g.jsonl" > "$LOGS/bench-gpu$g.txt" 2>&1 & pids="$pids $!"; }
+      g=$(( g + 1 ))
+    done
+    for p in $pids; do wait "$p" || rc=$?; done
+    python3 - "$LOGS" <<'PY'
+import json, os, sys
+logs = sys.argv[1]
+with open(os.path.join(logs, "bench.jsonl"), "w") as out:
+    for i, name in enumerate(("bench-gpu0.jsonl", "bench-gpu1.jsonl")):
+        path = os.path.join(logs, name)
+        if not os.path.isfile(path):
+            continue
+        for ln in open(path):
+            try:
+                rec = json.loads(ln)
+            except ValueError:
+                continue  # a line cut by the time limit
+            if not (rec.get("kind") == "env" and out.tell()):
+                out.write(json.dumps(rec) + "\n")
+PY
+  else
+    timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
+      ${BENCH_OPS:+--op $BENCH_OPS} ${BENCH_IMPLS:+--impl $BENCH_IMPLS} \
+      --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
+  fi
   log "bench: harness bench exit $rc"
   place bench.jsonl
   note bench $rc $(( $(date +%s) - t ))
@@ -233,6 +269,8 @@ step_sweep() {
   log "sweep: exit $rc; configs: $(git status --short harness/impls/triton/configs | tr '\n' ' ')"
 }
 
+# pin CPUS CMD...: run CMD on those cores (taskset), or as is where there is no taskset
+pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
 # run_steps STEP...: the named steps that were asked for, in order
 run_steps() { for s in "$@"; do want "$s" && "step_$s"; done; }
 
@@ -240,10 +278,13 @@ OURS_PATH=${PYTHONPATH:-}
 want env && step_env
 . scripts/peers_setup.sh >> "$LOG" 2>&1
 want tp && step_tp
-if [ "$GPUS" = 2 ]; then
+if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
+  # nothing to check: both GPUs time
+  QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1 run_steps bench
+  run_steps throughput sweep
+elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
-  export -f step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args
   export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps bench throughput sweep' &
   CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &
