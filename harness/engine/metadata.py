@@ -29,6 +29,21 @@
     of its ABSOLUTE position (``num_computed + i``), so that with ``block_size % chunk_size == 0`` every
     block boundary is a chunk end; ``snapshot_chunk_indices`` gives, per snapshot, the index of the chunk
     that ends exactly there (or -1 when none does).
+
+Speculative decoding (``num_spec`` > 0): a decode entry carries 1..num_spec+1 tokens (the last accepted
+token and its drafts), its request's slot group (``spec_slots``) and ``num_accepted`` (its slot
+``spec_slots[num_accepted - 1]`` is the entry's ``slot``, the state it starts from). The decode part is
+then described for the speculative decode ops (``selective_state_update_spec``,
+``causal_conv1d_update_spec``):
+
+* ``spec_query_start_loc`` (int32, num_decodes+1): offsets of the decode rows' tokens in the decode part;
+* ``spec_state_indices`` (int32, (num_decodes, num_spec+1)): row i's slot group (all PAD_SLOT_ID for a
+  pad row);
+* ``num_accepted_tokens`` (int32, num_decodes).
+
+Decode rows of a speculative step take no snapshot here (their ``snapshot_positions`` are empty): which
+of their positions count is known only after verification, and the runner takes them from the slots of
+the accepted positions. Without speculative decoding these three fields are None.
 """
 from __future__ import annotations
 
@@ -68,6 +83,10 @@ class MambaMetadata:
     chunk_seq_idx: torch.Tensor
     last_chunk_indices: torch.Tensor
     snapshot_chunk_indices: tuple[tuple[int, ...], ...]
+    num_spec: int = 0
+    spec_query_start_loc: torch.Tensor | None = None
+    spec_state_indices: torch.Tensor | None = None
+    num_accepted_tokens: torch.Tensor | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -154,9 +173,34 @@ def _int_list(arg: str, values, n: int, minimum: int | None = 0) -> list[int]:
     return values
 
 
+def _spec_rows(entries, is_decode, nsched, slots, S: int) -> tuple[list[list[int]], list[int]]:
+    """The slot group and num_accepted of every decode entry of a speculative step, checked."""
+    table, accepted = [], []
+    for i, e in enumerate(entries):
+        if not is_decode[i]:
+            continue
+        group = list(getattr(e, "spec_slots", ()) or ())
+        acc = getattr(e, "num_accepted", 1)
+        if isinstance(acc, bool) or not isinstance(acc, int) or not 1 <= acc <= S:
+            fail(f"batch[{i}].num_accepted", f"an int in 1..num_spec + 1 = {S}", repr(acc))
+        if slots[i] == PAD_SLOT_ID and not group:
+            group = [PAD_SLOT_ID] * S
+        if len(group) != S:
+            fail(f"batch[{i}].spec_slots", f"num_spec + 1 = {S} slot ids (the request's slot group)", group)
+        for j, s in enumerate(group):
+            if isinstance(s, bool) or not isinstance(s, int) or (s < 0 and s != PAD_SLOT_ID):
+                fail(f"batch[{i}].spec_slots[{j}]", f"a slot id >= 0 or PAD_SLOT_ID={PAD_SLOT_ID}", repr(s))
+        if group[acc - 1] != slots[i]:
+            fail(f"batch[{i}].slot", f"spec_slots[num_accepted - 1] = {group[acc - 1]} (the state it starts from)",
+                 slots[i])
+        table.append(group)
+        accepted.append(acc)
+    return table, accepted
+
+
 def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
                    track_mask: Sequence[bool] | None = None, mode: str = "none", block_size: int = 16,
-                   chunk_size: int = 64, device="cpu") -> MambaMetadata:
+                   chunk_size: int = 64, num_spec: int = 0, device="cpu") -> MambaMetadata:
     """Metadata of one step (see module doc).
 
     Args:
@@ -169,6 +213,8 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
       mode: cache mode "none" | "align" | "all".
       block_size: cache block size (positive multiple of 8).
       chunk_size: the SSD kernel's chunk size (>= 1).
+      num_spec: speculative tokens per decode row (0: plain decoding, every decode entry has one token);
+        see the module doc.
       device: where the tensors go.
     """
     entries = _entries(batch)
@@ -176,6 +222,8 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
     check_block_size(block_size)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         fail("chunk_size", "an int >= 1", repr(chunk_size))
+    if isinstance(num_spec, bool) or not isinstance(num_spec, int) or num_spec < 0:
+        fail("num_spec", "an int >= 0", repr(num_spec))
     S = len(entries)
     slots = _int_list("slots", [e.slot for e in entries], S, minimum=None)
     for i, s in enumerate(slots):
@@ -189,8 +237,12 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
             if i != num_prefills:
                 fail(f"batch[{i}]", "prefill entries before every decode entry", "a prefill after a decode")
             num_prefills += 1
-        elif nsched[i] != 1:
-            fail(f"batch[{i}].num_tokens", "1 for a decode entry", nsched[i])
+        elif not 1 <= nsched[i] <= 1 + num_spec:
+            fail(f"batch[{i}].num_tokens", "1 for a decode entry" if not num_spec else
+                 f"1..num_spec + 1 = {1 + num_spec} for a decode entry", nsched[i])
+        elif not num_spec and getattr(entries[i], "spec_slots", ()):
+            fail(f"batch[{i}].spec_slots", "none (num_spec is 0)", tuple(entries[i].spec_slots))
+    spec_table, spec_acc = _spec_rows(entries, is_decode, nsched, slots, 1 + num_spec) if num_spec else ([], [])
     computed = _int_list("num_computed_tokens",
                          [e.start for e in entries] if num_computed_tokens is None else num_computed_tokens, S)
     if track_mask is None:
@@ -209,7 +261,7 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
     positions, token_idx, tracked = [], [], []
     for i in range(S):
         p = tuple(snapshot_positions(mode, computed[i], nsched[i], block_size)) if track_in[i] else ()
-        if slots[i] == PAD_SLOT_ID:
+        if slots[i] == PAD_SLOT_ID or (num_spec and is_decode[i]):
             p = ()
         positions.append(p)
         token_idx.append(tuple(qsl[i] + (q - computed[i]) - 1 for q in p))
@@ -233,6 +285,13 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
         return torch.tensor(x, dtype=torch.int32, device=device)
 
     computed_t = i32(computed)
+    spec = {}
+    if num_spec:
+        nd = S - num_prefills
+        spec = dict(num_spec=num_spec,
+                    spec_query_start_loc=i32([q - num_prefill_tokens for q in qsl[num_prefills:]]),
+                    spec_state_indices=i32(spec_table).reshape(nd, 1 + num_spec),
+                    num_accepted_tokens=i32(spec_acc))
     return MambaMetadata(
         num_prefills=num_prefills, num_decodes=S - num_prefills, num_prefill_tokens=num_prefill_tokens,
         num_decode_tokens=qsl[-1] - num_prefill_tokens, mode=mode, block_size=block_size, chunk_size=chunk_size,
@@ -243,5 +302,5 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
         snapshot_positions=tuple(positions), snapshot_token_indices=tuple(token_idx),
         seq_idx=i32(seq_idx), chunk_indices=i32(ci), chunk_offsets=i32(co),
         cu_chunk_seqlens=i32(cu_chunks), chunk_seq_idx=i32(chunk_seq), last_chunk_indices=i32(last_chunk),
-        snapshot_chunk_indices=tuple(snap_chunks),
+        snapshot_chunk_indices=tuple(snap_chunks), **spec,
     )

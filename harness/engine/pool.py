@@ -20,6 +20,9 @@ Slots
   a full pool raises :class:`PoolExhausted`. A slot id is an int or a 0-d integer tensor (anything else,
   a bool, a float or a one-element 1-d tensor, is a ValueError). Every operation checks all of its
   arguments before it changes anything: a call that raises leaves slots and states as they were.
+  ``alloc_group(n)`` / ``free_group(slots)`` hand out and take back several slots at once, all or nothing (a
+  request decoding with ``num_spec`` speculative tokens holds ``1 + num_spec`` slots: one state per position
+  of its step, as ``reference.cache.slots_needed`` reserves).
   ``PAD_SLOT_ID = -1`` marks a padded request: gather returns zeros for it and scatter skips it (it
   must never wrap to the last slot).
 
@@ -222,6 +225,29 @@ class StatePool:
             fail("slot", "an allocated slot id", f"{slot}, which is free (double free or never allocated)")
         self._allocated.remove(slot)
         heapq.heappush(self._free_heap, slot)
+
+    def alloc_group(self, n: int, *, zero: bool = False) -> list[int]:
+        """Hand out the `n` lowest free slot ids at once (a request's slot group: its state plus one slot per
+        speculative token, ``reference.cache.slots_needed``); all or nothing: :class:`PoolExhausted` when
+        fewer than `n` are free, and nothing is handed out."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            fail("n", "an int >= 1", repr(n))
+        if len(self._free_heap) < n:
+            raise PoolExhausted(f"state pool exhausted: {n} slots wanted, {len(self._free_heap)} of "
+                                f"{self.num_slots} free")
+        return [self.alloc(zero=zero) for _ in range(n)]
+
+    def free_group(self, slots) -> None:
+        """Free every slot of `slots` (a group from :meth:`alloc_group`); all or nothing: a slot that is not
+        allocated, or listed twice, is a ValueError and nothing is freed."""
+        ids = self._slot_list(slots)
+        for i, s in enumerate(ids):
+            if s == PAD_SLOT_ID:
+                fail(f"slots[{i}]", f"a real slot id (not PAD_SLOT_ID={PAD_SLOT_ID})", s)
+        if len(set(ids)) != len(ids):
+            fail("slots", "distinct slot ids", ids)
+        for s in ids:
+            self.free(s)
 
     def _slot_id(self, arg: str, slot, allow_pad: bool = False) -> int:
         """`slot` as an int: an int (not a bool) or a 0-d integer tensor, in range (or PAD_SLOT_ID if

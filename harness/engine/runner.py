@@ -41,6 +41,18 @@ the rank's slices); embeddings, norms and lm_head are replicated; rank 0's sampl
 every rank schedules the same steps. Families that cannot be split refuse ``tp`` with a ValueError naming
 ``tp_size`` (the family's ``check_tp``) before anything is built.
 
+Speculative decoding (``num_spec`` = k > 0, with a ``proposer``; see ``harness.engine.spec``): each request
+holds 1 + k pool slots (``num_slots`` stays the number of requests; the pool has ``num_slots * (1 + k)``
+slots). A decode entry feeds the last accepted token and up to k drafts (the proposer's, fewer near the
+request's end or the budget's); the mixers run the speculative decode ops, every fed position gets logits,
+greedy verification accepts drafts while each equals the argmax before it, and the request emits the
+accepted drafts plus one token (their logits in ``step_logits``, one row per emitted token; ``Result.accepted``
+lists (step, drafts, accepted)). The next step starts from the slot of the last accepted position. Snapshots of
+a speculative decode entry are taken after verification, at the block positions the accepted tokens reach
+(mode ``all``; mode ``align``: the accepted end on a block boundary), each from its position's slot;
+``record_states`` records every accepted position. Families whose engine mixer has no speculative decode path
+(Gated DeltaNet, KDA) raise NotImplementedError.
+
 Free slots are NaN-filled at start and whenever a request finishes (``poison_free_slots``), so an op
 that reads a slot it was told not to (``has_initial_state`` False, pad rows) produces NaN.
 """
@@ -55,11 +67,12 @@ import torch
 from harness.engine import backend as backend_mod
 from harness.engine import families as engine_families
 from harness.engine import metadata as metadata_mod
+from harness.engine import spec as spec_mod
 from harness.engine.attention import HybridPool
 from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
 from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
-from reference.cache import check_block_size, check_cache_mode
+from reference.cache import check_block_size, check_cache_mode, snapshot_positions
 from reference.validate import fail
 
 __all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
@@ -73,8 +86,9 @@ class Result:
     step_logits: list = field(default_factory=list)  # list of (vocab,) float64 CPU tensors, stacked at the end
     final_state: Snapshot | None = None
     num_cached: int = 0
-    steps: list = field(default_factory=list)  # (step index, start, num_tokens, is_decode)
+    steps: list = field(default_factory=list)  # (step index, start, num_tokens fed, is_decode)
     states: dict = field(default_factory=dict)  # position -> Snapshot (record_states only)
+    accepted: list = field(default_factory=list)  # speculative decoding: (step index, drafts, accepted drafts)
 
     @property
     def fed_tokens(self) -> tuple:
@@ -118,7 +132,7 @@ class EngineRunner:
     Args:
       model: (cfg, params) with our parameter names, or a reference ReferenceLM.
       impl: an ``Impl`` or a registered implementation name.
-      num_slots: state pool slots (max concurrently running requests).
+      num_slots: max concurrently running requests (the pool holds num_slots * (1 + num_spec) slots).
       token_budget: max tokens per step (>= 1).
       cache_mode: prefix-cache mode "none" | "align" | "all".
       block_size: prefix-cache block size (positive multiple of 8).
@@ -136,6 +150,9 @@ class EngineRunner:
       record_states: keep every request's state after every step (Result.states).
       poison_free_slots: NaN-fill free slots (see module doc).
       tp: a ``harness.engine.tp.TensorParallel`` (default: one rank); see the module doc.
+      num_spec: speculative tokens per decode step (0: plain decoding); see the module doc.
+      proposer: with num_spec > 0, the draft proposer (``propose(request_id, tokens, num_drafts)``, e.g.
+        ``harness.engine.spec.OracleProposer``).
     """
 
     def __init__(self, model, impl, *, num_slots: int = 4, token_budget: int = 64, cache_mode: str = "none",
@@ -143,7 +160,7 @@ class EngineRunner:
                  state_dtype: torch.dtype | None = None, device="cpu", cache_capacity: int = 64,
                  layout: str = "layer_major", conv_channels_last: bool = False, max_model_len: int | None = None,
                  chunk_fn: Callable | None = None, decode_pad_multiple: int = 1, record_states: bool = False,
-                 poison_free_slots: bool = True, tp=None):
+                 poison_free_slots: bool = True, tp=None, num_spec: int = 0, proposer=None):
         from harness.engine.tp import SINGLE, TensorParallel
         from harness.impls import registry
         if isinstance(impl, str):
@@ -162,6 +179,13 @@ class EngineRunner:
             _int_arg("chunk_size", chunk_size, 1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             fail("dtype", "a floating-point torch.dtype", repr(dtype))
+        _int_arg("num_spec", num_spec, 0)
+        if num_spec:
+            self._check_spec(cfg, impl, proposer)
+        elif proposer is not None:
+            fail("proposer", "None without speculative decoding (num_spec=0)", type(proposer).__name__)
+        self.num_spec = num_spec
+        self.proposer = proposer
         self.cfg = cfg
         self.tp = tp
         self.impl = impl
@@ -179,17 +203,19 @@ class EngineRunner:
         self.layer_index = [sum(1 for k in self.kinds[:i] if k == kind) for i, kind in enumerate(self.kinds)]
         n_mixer = self.kinds.count("mixer")
         self.spec = state_spec(cfg, dtype, rec_dtype, tp.size)
+        pool_slots = num_slots * (1 + num_spec)  # a request's slot group (reference.cache.slots_needed)
         if "attention" in self.kinds:
-            self.pool = HybridPool(self.spec, n_mixer, num_slots, kv_spec=fam.kv_spec(cfg, dtype),
+            self.pool = HybridPool(self.spec, n_mixer, pool_slots, kv_spec=fam.kv_spec(cfg, dtype),
                                    num_attention_layers=self.kinds.count("attention"), page_size=block_size,
                                    device=self.device, layout=layout, conv_channels_last=conv_channels_last)
         else:
-            self.pool = StatePool(self.spec, n_mixer, num_slots, device=self.device, layout=layout,
+            self.pool = StatePool(self.spec, n_mixer, pool_slots, device=self.device, layout=layout,
                                   conv_channels_last=conv_channels_last)
         self.cache = PrefixCache(cache_mode, block_size, cache_capacity)
         self._user_chunk_fn = chunk_fn
         self.sched = Scheduler(self.pool, token_budget, max_model_len=max_model_len, prefix_cache=self.cache,
-                               chunk_fn=self._chunk)
+                               chunk_fn=self._chunk, max_num_seqs=num_slots, num_spec=num_spec,
+                               draft_fn=self._draft if num_spec else None)
         cast = lambda t: t.detach().to(self.device, dtype)  # noqa: E731
         need = ["embedding.weight", "lm_head.weight", "norm_f.weight"]
         need += [f"layers.{i}.{k}" for i in range(cfg.n_layer) for k in fam.layer_parameter_shapes(cfg, i)
@@ -239,6 +265,40 @@ class EngineRunner:
             if aligned > start:
                 n = aligned - start
         return n
+
+    # ------------------------------------------------------------------ speculative decoding
+    @staticmethod
+    def _check_spec(cfg, impl, proposer) -> None:
+        """num_spec > 0: the family's mixer has a speculative decode path, the implementation its ops, and
+        a proposer is given."""
+        from reference import families as ref_families
+        ops = spec_mod.spec_ops(engine_families.get(cfg.family, "cfg.family").mixer)
+        kinds = ref_families.get(cfg.family, "cfg.family").layer_kinds(cfg)
+        if not ops or "attention" in kinds:
+            raise NotImplementedError(f"speculative decoding: the {cfg.family} family's engine has no speculative "
+                                      f"decode path (the op contract has speculative decode ops for the Mamba "
+                                      f"families only)")
+        lacking = [o for o in ops if o not in impl.ops]
+        if lacking:
+            fail("impl", f"an implementation providing {list(ops)} (speculative decoding)",
+                 f"{impl.name!r} lacks {lacking}")
+        if not callable(getattr(proposer, "propose", None)):
+            fail("proposer", "a draft proposer with propose(request_id, tokens, num_drafts) (harness.engine.spec)",
+                 type(proposer).__name__)
+
+    def _draft(self, rid, tokens, k):
+        """The proposer's drafts for request `rid`, checked: token ids of the vocabulary."""
+        from harness.engine.scheduler import token_id
+        got = self.proposer.propose(rid, tuple(tokens), k)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist() if got.dim() == 1 else got
+        if isinstance(got, (str, bytes, dict)) or not isinstance(got, Sequence):
+            fail("proposer", f"a sequence of at most {k} draft token ids (request {rid!r})", repr(got)[:60])
+        ids = tuple(token_id(f"proposer drafts[{j}] (request {rid!r})", t) for j, t in enumerate(got))
+        V = self.cfg.vocab_size
+        if any(t >= V for t in ids):
+            fail("proposer", f"draft token ids in [0, {V}) (request {rid!r})", list(ids))
+        return ids
 
     # ------------------------------------------------------------------ seeding from outside
     def seed(self, prefix_tokens: Sequence[int], snapshot) -> None:
@@ -329,7 +389,8 @@ class EngineRunner:
                 for k in range(npad)]
         all_entries = tuple(entries) + tuple(pads)
         md = metadata_mod.build_metadata(all_entries, mode=self.cache.mode, block_size=self.cache.block_size,
-                                         chunk_size=self.chunk_size, device=self.device)
+                                         chunk_size=self.chunk_size, device=self.device,
+                                         **({"num_spec": self.num_spec} if self.num_spec else {}))
         tokens = torch.tensor([t for e in all_entries for t in e.tokens], dtype=torch.long, device=self.device)
         kv = getattr(self.pool, "kv", None)
         if kv is not None:
@@ -340,25 +401,43 @@ class EngineRunner:
             for e in entries:
                 kv.set_length(e.slot, e.end)
         qsl = md.query_start_loc.tolist()
-        rows = [qsl[i + 1] - 1 for i, e in enumerate(entries) if e.sample]
-        sampled = {}
+        # logits rows: a sampling entry's last position; every position of a speculative decode entry
+        spans, rows = {}, []
+        for i, e in enumerate(entries):
+            if e.sample:
+                lo = qsl[i] if e.is_spec else qsl[i + 1] - 1
+                spans[i] = (len(rows), qsl[i + 1] - lo)
+                rows.extend(range(lo, qsl[i + 1]))
+        sampled, emitted = {}, {}
         if rows:
             h = self._rms(residual[rows], self.norm_f)
             logits = (h @ self.lm_head.t()).to(torch.float64).cpu()
             choice = logits[:, : self.cfg.vocab_size_unpadded].argmax(-1)
             if self.tp.size > 1:  # rank 0 decides: the ranks' logits may differ in the last bits
                 choice = self.tp.broadcast(choice.to(self.device)).cpu()
-            choice = choice.tolist()
-            for e, lg, c in zip([e for e in entries if e.sample], logits, choice):
-                sampled[e.request_id] = int(c)
-                results[e.request_id].step_logits.append(lg)
-                results[e.request_id].tokens.append(int(c))
+            choice = [int(c) for c in choice.tolist()]
+            for i, (lo, n) in spans.items():
+                e, res = entries[i], results[entries[i].request_id]
+                if e.is_spec:  # greedy verification: the accepted drafts, then the argmax after them
+                    a = spec_mod.verify_greedy(e.drafts, choice[lo:lo + n])
+                    res.accepted.append((self.step_count, len(e.drafts), a))
+                    toks = choice[lo:lo + a + 1]
+                    sampled[e.request_id] = toks
+                else:
+                    toks = choice[lo:lo + 1]
+                    sampled[e.request_id] = toks[0]
+                emitted[i] = toks
+                res.step_logits.extend(logits[lo:lo + len(toks)])
+                res.tokens.extend(toks)
         for i, e in enumerate(entries):
             res = results[e.request_id]
             if e.request_id not in started:
                 started.add(e.request_id)
                 res.num_cached = e.start
             res.steps.append((self.step_count, e.start, e.num_tokens, e.is_decode))
+            if e.is_spec:
+                self._spec_snapshots(e, emitted[i], res)
+                continue
             for pos in md.snapshot_positions[i]:
                 if pos != e.end:
                     raise RuntimeError(f"snapshot at position {pos} inside the step [{e.start}, {e.end}) of request "
@@ -375,3 +454,22 @@ class EngineRunner:
         self.step_count += 1
         if done and self.poison_free_slots:
             self.pool.fill_free_()
+
+    def _spec_snapshots(self, e, toks, res) -> None:
+        """After verification of a speculative decode entry that emitted `toks`: the fed tokens up to the last
+        accepted one count (positions e.start + 1 .. e.start + len(toks)), the state after position j lies in
+        spec_slots[j]. Prefix-cache snapshots at the block positions they reach, recorded states, final state."""
+        n = len(toks)
+        end = e.start + n
+        slot = lambda pos: e.spec_slots[pos - e.start - 1]  # noqa: E731
+        if e.track and self.cache.mode != "none":
+            stream = self.sched.tokens(e.request_id) + tuple(e.drafts[:n - 1])  # the accepted fed tokens
+            for pos in snapshot_positions(self.cache.mode, e.start, n, self.cache.block_size):
+                snap = self.pool.snapshot(slot(pos), num_tokens=pos)
+                self.snapshot_log.append((e.request_id, stream[:pos], snap))
+                self.cache.insert(stream[:pos], snap)
+        if self.record_states:
+            for pos in range(e.start + 1, end + 1):
+                res.states[pos] = self.pool.snapshot(slot(pos), num_tokens=pos)
+        if len(res.tokens) >= self._requests[e.request_id].max_new_tokens:
+            res.final_state = self.pool.snapshot(slot(end), num_tokens=end)

@@ -18,6 +18,17 @@ last output token at position ``num_computed`` (P, P+1, ...). The last sampled t
 request occupies at most ``P + max_new_tokens - 1`` positions; the length check uses
 ``P + max_new_tokens`` against ``max_model_len``.
 
+Speculative decoding (``num_spec`` > 0, as vLLM runs it for Mamba models): a request holds a group of
+``1 + num_spec`` slots (``RequestState.slots``, one state per position of a step; ``pool.alloc_group``). A
+decode entry carries the last output token and up to ``num_spec`` draft tokens from ``draft_fn`` (fewer
+when the budget or the request's remaining output is short: a step never emits more than the request may
+still generate), with the request's slot group (``spec_slots``) and ``num_accepted``: the previous step's
+accepted count, whose slot ``spec_slots[num_accepted - 1]`` holds the state to start from. Every position's
+state goes to its own slot of the group, so a rejected draft costs nothing to roll back. ``update`` takes,
+for such an entry, the accepted drafts followed by one bonus token (or one token when nothing was
+accepted); the request advances by that many tokens and they become its next ``num_accepted``. Prefill
+and prefix-cache seeding use the slot holding the state (``spec_slots[0]`` until the first decode).
+
 Every call is all-or-nothing: ``add``, ``schedule``, ``update`` and ``finish`` check everything (request
 ids, sampled tokens, chunk sizes, that a prefix-cache snapshot fits the pool) before they change any
 state, so a call that raises leaves the scheduler, its pool and its prefix cache as they were and can
@@ -95,6 +106,10 @@ class BatchEntry:
     tokens     = the token ids fed this step;
     sample     = whether the runner must sample a token from this entry's last position;
     track      = whether the request may be snapshotted into the prefix cache;
+    spec_slots = a speculative decode entry's slot group (the state after its position j goes to
+                 spec_slots[j]); empty for every other entry;
+    num_accepted = how many tokens the request's previous step accepted: it starts from the state in
+                 spec_slots[num_accepted - 1] (== slot).
     """
 
     request_id: Hashable
@@ -105,10 +120,22 @@ class BatchEntry:
     tokens: tuple[int, ...] = ()
     sample: bool = False
     track: bool = True
+    spec_slots: tuple[int, ...] = ()
+    num_accepted: int = 1
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
+
+    @property
+    def is_spec(self) -> bool:
+        """A decode entry of a speculative step (it carries its slot group)."""
+        return bool(self.spec_slots)
+
+    @property
+    def drafts(self) -> tuple[int, ...]:
+        """The draft tokens of a speculative decode entry (its tokens after the first)."""
+        return self.tokens[1:] if self.is_spec else ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,8 @@ class RequestState:
     num_computed: int = 0
     num_cached: int = 0  # tokens restored from the prefix cache at admission
     output: list[int] = field(default_factory=list)
+    slots: tuple[int, ...] = ()  # speculative decoding: the request's slot group (slot is one of them)
+    num_accepted: int = 1  # speculative decoding: tokens accepted by the last step (slot = slots[num_accepted-1])
 
     @property
     def in_prefill(self) -> bool:
@@ -175,19 +204,24 @@ class Scheduler:
     """Chunked-prefill + decode scheduler over a :class:`StatePool` (one slot per running request).
 
     Args:
-      pool: the state pool; a request holds one slot from admission until it finishes.
+      pool: the state pool; a request holds one slot (1 + num_spec slots) from admission until it finishes.
       token_budget: max tokens per step (>= 1).
       max_model_len: max ``len(prompt) + max_new_tokens`` of a request (None: no limit).
-      max_num_seqs: max requests per step (default: pool.num_slots).
+      max_num_seqs: max requests per step (default: pool.num_slots // (1 + num_spec)).
       prefix_cache: optional :class:`harness.engine.prefix_cache.PrefixCache`; on admission its longest
         snapshot for the prompt (leaving at least one prompt token to compute) is restored into the slot.
       chunk_fn: optional ``chunk_fn(request_id, start, max_tokens) -> n`` choosing a prefill chunk size
         in 1..max_tokens (tests use it to put boundaries anywhere); default: as many as fit.
+      num_spec: speculative tokens per decode step (0: plain decoding); see the module doc.
+      draft_fn: with num_spec > 0, ``draft_fn(request_id, tokens, max_drafts) -> drafts``: up to
+        `max_drafts` draft token ids to follow `tokens` (the request's prompt + outputs so far); default:
+        no drafts.
     """
 
     def __init__(self, pool: StatePool, token_budget: int, *, max_model_len: int | None = None,
                  max_num_seqs: int | None = None, prefix_cache=None,
-                 chunk_fn: Callable[[Hashable, int, int], int] | None = None):
+                 chunk_fn: Callable[[Hashable, int, int], int] | None = None, num_spec: int = 0,
+                 draft_fn: Callable[[Hashable, tuple, int], object] | None = None):
         if not isinstance(pool, StatePool):
             fail("pool", "a StatePool", type(pool).__name__)
         if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
@@ -195,8 +229,13 @@ class Scheduler:
         if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
                                           or max_model_len < 2):
             fail("max_model_len", "None or an int >= 2", repr(max_model_len))
+        if isinstance(num_spec, bool) or not isinstance(num_spec, int) or num_spec < 0:
+            fail("num_spec", "an int >= 0", repr(num_spec))
+        if pool.num_slots < 1 + num_spec:
+            fail("pool", f"at least 1 + num_spec = {1 + num_spec} slots (one request's group)",
+                 f"{pool.num_slots} slots")
         if max_num_seqs is None:
-            max_num_seqs = pool.num_slots
+            max_num_seqs = pool.num_slots // (1 + num_spec)
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             fail("max_num_seqs", "an int >= 1", repr(max_num_seqs))
         self.pool = pool
@@ -205,6 +244,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.prefix_cache = prefix_cache
         self.chunk_fn = chunk_fn
+        self.num_spec = num_spec
+        self.draft_fn = draft_fn
         self.waiting: list[Request] = []
         self.running: dict[Hashable, RequestState] = {}  # insertion order = admission order
         self.finished: dict[Hashable, list[int]] = {}
@@ -249,6 +290,31 @@ class Scheduler:
             fail("chunk_fn", f"a chunk size in 1..{cap} (request {rid!r} at {start})", repr(n))
         return n
 
+    def _drafts(self, st: RequestState, k: int) -> tuple[int, ...]:
+        """Up to `k` draft tokens for a decoding request (none without a draft_fn), checked."""
+        if k < 1 or self.draft_fn is None:
+            return ()
+        rid = st.request.id
+        got = self.draft_fn(rid, st.tokens, k)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist() if got.dim() == 1 else got
+        if isinstance(got, (str, bytes, Mapping)) or not hasattr(got, "__len__"):
+            fail("draft_fn", f"a sequence of at most {k} token ids (request {rid!r})", repr(got)[:60])
+        if len(got) > k:
+            fail("draft_fn", f"at most {k} draft tokens (request {rid!r})", f"{len(got)}")
+        return tuple(token_id(f"draft_fn drafts[{j}] (request {rid!r})", t) for j, t in enumerate(got))
+
+    def _decode_entry(self, st: RequestState, budget: int) -> BatchEntry:
+        req = st.request
+        if not self.num_spec:
+            return BatchEntry(req.id, st.slot, st.num_computed, 1, True, (st.output[-1],), sample=True,
+                              track=req.track)
+        # the step emits at most 1 + len(drafts) tokens: never more than the request may still generate
+        k = min(self.num_spec, req.max_new_tokens - len(st.output) - 1, budget - 1)
+        drafts = self._drafts(st, k)
+        return BatchEntry(req.id, st.slot, st.num_computed, 1 + len(drafts), True, (st.output[-1],) + drafts,
+                          sample=True, track=req.track, spec_slots=st.slots, num_accepted=st.num_accepted)
+
     def _prefill_entry(self, req: Request, slot: int, start: int, budget: int) -> BatchEntry:
         prompt = req.prompt
         n = self._chunk(req.id, start, len(prompt) - start, budget)
@@ -269,9 +335,9 @@ class Scheduler:
             if budget == 0 or nseq == self.max_num_seqs:
                 break
             if not st.in_prefill:
-                decodes.append(BatchEntry(st.request.id, st.slot, st.num_computed, 1, True, (st.output[-1],),
-                                          sample=True, track=st.request.track))
-                budget -= 1
+                e = self._decode_entry(st, budget)
+                decodes.append(e)
+                budget -= e.num_tokens
                 nseq += 1
         for st in self.running.values():
             if budget == 0 or nseq == self.max_num_seqs:
@@ -281,9 +347,12 @@ class Scheduler:
                 prefills.append(e)
                 budget -= e.num_tokens
                 nseq += 1
-        admits = []  # (request, slot, cached tokens, snapshot)
-        free = self.pool.lowest_free(min(len(self.waiting), self.max_num_seqs))
-        for req, slot in zip(self.waiting, free):
+        admits = []  # (request, slot group, cached tokens, snapshot)
+        group = 1 + self.num_spec
+        free = self.pool.lowest_free(min(len(self.waiting), self.max_num_seqs) * group)
+        groups = [tuple(free[i * group:(i + 1) * group]) for i in range(len(free) // group)]
+        for req, slots in zip(self.waiting, groups):
+            slot = slots[0]
             if budget == 0 or nseq == self.max_num_seqs:
                 break
             n, snap = 0, None
@@ -296,7 +365,7 @@ class Scheduler:
                         raise ValueError(f"prefix cache: the snapshot of the first {n} tokens of request "
                                          f"{req.id!r} does not fit the state pool: {e}") from None
             e = self._prefill_entry(req, slot, n, budget)
-            admits.append((req, slot, n, snap))
+            admits.append((req, slots, n, snap))
             prefills.append(e)
             budget -= e.num_tokens
             nseq += 1
@@ -304,14 +373,16 @@ class Scheduler:
             return None
         batch = Batch(tuple(prefills) + tuple(decodes))
         # commit: nothing below can fail on input checked above
-        for req, slot, n, snap in admits:
-            got = self.pool.alloc()
-            assert got == slot, (got, slot)
+        for req, slots, n, snap in admits:
+            got = tuple(self.pool.alloc_group(group)) if self.num_spec else (self.pool.alloc(),)
+            assert got == slots, (got, slots)
+            slot = slots[0]
             if self.prefix_cache is not None:
                 self.prefix_cache.lookup(req.prompt, max_tokens=len(req.prompt) - 1)  # count it, refresh LRU
                 if n > 0:
                     self.pool.restore(slot, snap)
-            self.running[req.id] = RequestState(req, slot, num_computed=n, num_cached=n)
+            self.running[req.id] = RequestState(req, slot, num_computed=n, num_cached=n,
+                                                slots=slots if self.num_spec else ())
         del self.waiting[:len(admits)]
         self._pending = batch
         return batch
@@ -319,8 +390,10 @@ class Scheduler:
     def update(self, batch: Batch, sampled: Mapping | None = None) -> list:
         """Advance the requests of `batch` (the last scheduled one) and append sampled tokens.
 
-        `sampled` maps request id -> token id (an int >= 0) for exactly the entries with ``sample=True``.
-        Returns the ids of requests that finished (their slots are freed). Bad input changes nothing.
+        `sampled` maps request id -> token id (an int >= 0) for exactly the entries with ``sample=True``;
+        for a speculative decode entry, the emitted tokens: its accepted drafts (a prefix of
+        ``entry.drafts``) followed by one token (a single token id: nothing accepted). Returns the ids of
+        requests that finished (their slots are freed). Bad input changes nothing.
         """
         if batch is not self._pending:
             fail("batch", "the batch returned by the last schedule()", "another batch")
@@ -332,18 +405,26 @@ class Scheduler:
         if set(sampled) != want:
             fail("sampled", f"tokens for exactly the sampling entries {sorted(map(repr, want))}",
                  sorted(map(repr, sampled)))
-        tokens = {rid: token_id(f"sampled[{rid!r}]", t) for rid, t in sampled.items()}
+        tokens = {e.request_id: (_emitted(e, sampled[e.request_id]) if e.is_spec
+                                 else [token_id(f"sampled[{e.request_id!r}]", sampled[e.request_id])])
+                  for e in batch if e.sample}
         done = []
         for e in batch:
             st = self.running[e.request_id]
-            st.num_computed += e.num_tokens
+            if e.is_spec:
+                n = len(tokens[e.request_id])
+                st.num_computed += n
+                st.num_accepted = n
+                st.slot = st.slots[n - 1]
+            else:
+                st.num_computed += e.num_tokens
             if e.sample:
-                st.output.append(tokens[e.request_id])
+                st.output.extend(tokens[e.request_id])
                 if len(st.output) >= st.request.max_new_tokens:
                     done.append(e.request_id)
         for rid in done:
             st = self.running.pop(rid)
-            self.pool.free(st.slot)
+            self._release(st)
             self.finished[rid] = list(st.output)
         self._pending = None
         self.step_count += 1
@@ -357,5 +438,29 @@ class Scheduler:
         if request_id not in self.running:
             fail("request_id", "a running request id", repr(request_id))
         st = self.running.pop(request_id)
-        self.pool.free(st.slot)
+        self._release(st)
         self.finished[request_id] = list(st.output)
+
+    def _release(self, st: RequestState) -> None:
+        """Free the request's slot (its slot group under speculative decoding)."""
+        if st.slots:
+            self.pool.free_group(st.slots)
+        else:
+            self.pool.free(st.slot)
+
+
+def _emitted(e: BatchEntry, value) -> list[int]:
+    """The tokens a speculative decode entry emits: `value` is one token id, or a sequence of 1..num_tokens
+    ids whose all but last are the entry's first drafts (the accepted ones); ValueError otherwise."""
+    arg = f"sampled[{e.request_id!r}]"
+    if isinstance(value, torch.Tensor) and value.dim() == 1:
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        seq = [token_id(f"{arg}[{j}]", t) for j, t in enumerate(value)]
+    else:
+        seq = [token_id(arg, value)]
+    if not 1 <= len(seq) <= e.num_tokens:
+        fail(arg, f"1..{e.num_tokens} tokens (accepted drafts, then one token)", f"{len(seq)} tokens")
+    if tuple(seq[:-1]) != e.drafts[:len(seq) - 1]:
+        fail(arg, f"the accepted drafts (a prefix of {list(e.drafts)}) followed by one token", seq)
+    return seq

@@ -8,6 +8,9 @@ selective scan              ``selective_scan_varlen``            ``selective_sta
 Falcon-Mamba B/C/dt norms   ``gated_rms_norm`` (weight = ones, z = None, eps = ``mixer_rms_eps``)
 ==========================  ===================================  =================================
 
+Speculative decode rows (``harness.engine.spec``): ``causal_conv1d_update_spec`` and
+``selective_state_update_spec`` in place of the decode rows' ops.
+
 Tensor parallelism (as vLLM's MambaMixer; d_inner = Di sharded): in_proj dim 0 [x: Di, z: Di];
 conv1d, dt_proj, A_log, D dim 0 [Di]; x_proj and out_proj dim 1 [Di] (row parallel: their partial
 products are summed over the ranks); out_proj.bias replicated. Written independently of the reference mixer (``reference/families/mamba1.py``): the oracle
@@ -18,12 +21,13 @@ from __future__ import annotations
 import torch
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
+from harness.engine.spec import SpecDecodeMixin
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "selective_scan_varlen", "selective_state_update")
 FALCON_OPS = OPS + ("gated_rms_norm",)
 
 
-class Mamba1Mixer(EngineMixer):
+class Mamba1Mixer(SpecDecodeMixin, EngineMixer):
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         self.A = -torch.exp(self.state_param("A_log"))
@@ -55,9 +59,8 @@ class Mamba1Mixer(EngineMixer):
                 md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
                 delta_softplus=True))
         if md.num_decodes:
-            ys.append(self.ops["selective_state_update"](
-                ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, z[P:], self.dt_bias,
-                md.decode_state_indices, dt_softplus=True))
+            ys.append(self.state_update(md, ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, z[P:],
+                                        self.dt_bias, dt_softplus=True))
         y = ys[0] if len(ys) == 1 else torch.cat(ys)
         return self.out_proj(y)
 

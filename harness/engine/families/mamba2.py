@@ -8,6 +8,9 @@ SSD                         ``ssd_varlen``                       ``selective_sta
 gated norm                  ``gated_rms_norm`` (group_size = d_inner / n_groups, norm_before_gate)
 ==========================  ===================================  =================================
 
+Speculative decode rows (``harness.engine.spec``): ``causal_conv1d_update_spec`` and
+``selective_state_update_spec`` (4-D) in place of the decode rows' ops.
+
 Tensor parallelism (as vLLM's MambaMixer2; heads H, groups G; G % T == 0 shards groups, G == 1
 replicates B/C on every rank): in_proj dim 0 [z: Di, x: Di, B: G*N, C: G*N, dt: H]; conv1d dim 0
 [x: Di, B: G*N, C: G*N]; dt_bias, A_log, D dim 0 [H]; norm.weight dim 0 [Di]; out_proj dim 1 [Di] (row
@@ -22,11 +25,12 @@ from __future__ import annotations
 import torch
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
+from harness.engine.spec import SpecDecodeMixin
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "ssd_varlen", "selective_state_update", "gated_rms_norm")
 
 
-class Mamba2Mixer(EngineMixer):
+class Mamba2Mixer(SpecDecodeMixin, EngineMixer):
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         self.A = -torch.exp(self.state_param("A_log"))
@@ -59,9 +63,8 @@ class Mamba2Mixer(EngineMixer):
                 md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
                 dt_softplus=True, dt_limit=lim))
         if md.num_decodes:
-            ys.append(self.ops["selective_state_update"](
-                ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, None, self.dt_bias,
-                md.decode_state_indices, dt_softplus=True, dt_limit=lim))
+            ys.append(self.state_update(md, ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, None,
+                                        self.dt_bias, dt_softplus=True, dt_limit=lim))
         y = ys[0] if len(ys) == 1 else torch.cat(ys)
         y = y.reshape(T, Di).to(self.dtype).contiguous()
         if self.tp.size > 1 and cfg.n_groups == 1:
