@@ -19,6 +19,7 @@ file `launch_config` reads on that device), unless --no-write. Every timed candi
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import itertools
 import json
@@ -164,6 +165,10 @@ def add_args(p) -> None:
                    "(default reports/runs/<run id>/sweep.jsonl)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="list the groups and candidates and exit")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="sweep each (op, group) in its own process, one after the other (default: on GPUs), so a "
+                        "candidate that breaks the device context (an illegal memory access) costs only the rest "
+                        "of its group")
 
 
 def merged(cfg: dict, override: dict) -> dict:
@@ -235,6 +240,9 @@ def run_cli(args, device: str) -> int:
     if args.candidates is not None and args.candidates < 1:
         from reference.validate import fail
         fail("--candidates", "an int >= 1", args.candidates)
+    isolate = args.isolate if args.isolate is not None else not device.startswith("cpu")
+    if isolate and not os.environ.get(_CHILD):
+        return _isolated(args, ops, groups_asked, device)
     if device == "cpu":
         torch.set_num_threads(1)
     impl = get("triton")
@@ -344,6 +352,48 @@ def run_cli(args, device: str) -> int:
             _set(conf, original)  # this process keeps the configuration it started with
     print(f"sweep: records in {out}")
     return 1 if failed else 0
+
+
+_CHILD = "HARNESS_SWEEP_CHILD"
+
+
+def _isolated(args, ops: list, groups_asked, device: str) -> int:
+    """Sweep each (op, group) in a child process, one after the other, sharing the records file, the run id
+    and the budget. A child starts from the configuration files the ones before it wrote (as one process
+    carries a group's winner into the next group), and a candidate that breaks the device context (an
+    illegal memory access makes every later CUDA call fail) ends only its own group."""
+    import subprocess
+    from harness.env import REPO_ROOT
+    from harness.records import new_run_id
+    run_id = os.environ.get("HARNESS_RUN_ID") or new_run_id()
+    out = args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "sweep.jsonl")
+    common = ["--device", device, "--min-gain", str(args.min_gain), "--seed", str(args.seed), "--out", out]
+    for flag, value in (("--dtype", args.dtype), ("--candidates", args.candidates), ("--config-dir", args.config_dir),
+                        ("--device-name", args.device_name), ("--reps", args.reps), ("--min-time", args.min_time),
+                        ("--max-time", args.max_time), ("--warmup", args.warmup)):
+        if value is not None:
+            common += [flag, str(value)]
+    if args.no_write:
+        common.append("--no-write")
+    t0 = time.perf_counter()
+    rc = 0
+    for op in ops:
+        for g in SWEEPS[op]:
+            if groups_asked and g.name not in groups_asked:
+                continue
+            argv = [*common, "--op", op, "--group", g.name]
+            if args.budget is not None:
+                left = args.budget - (time.perf_counter() - t0)
+                if left <= 0:
+                    print(f"sweep: budget spent; {op}/{g.name} and the groups after it not swept")
+                    return rc
+                argv += ["--budget", f"{left:.1f}"]
+            r = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "sweep", *argv],
+                               env={**os.environ, _CHILD: "1", "HARNESS_RUN_ID": run_id})
+            if r.returncode:
+                print(f"sweep: {op}/{g.name}: its process exited with {r.returncode}", flush=True)
+                rc = 1
+    return rc
 
 
 def write_config(config_dir: str, device: str, module: str, shape_class: str, values: dict) -> str:

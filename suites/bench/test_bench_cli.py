@@ -130,6 +130,25 @@ def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device
     gates_clean(out, capsys)
 
 
+def test_bench_sweep_isolated_runs_each_group_in_its_own_process(tmp_path, device):
+    """--isolate (the default on GPUs) sweeps each (op, group) in a child process, one after the other, into
+    the same records file under one run id; the second group's child starts from the configuration file the
+    first wrote."""
+    out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
+    assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "selective_state_update", "--isolate",
+                 "--candidates", "1", *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev",
+                 "--out", str(out)]) == 0
+    recs = read_records(str(out))
+    envs = [r for r in recs if r["kind"] == "env"]
+    groups = {r["group"] for r in recs if r["kind"] == "timing"}
+    assert len(envs) == 2 and groups == {"mamba2", "mamba1"}
+    assert len({r["run_id"] for r in recs}) == 1
+    with open(cfg / "testdev" / "selective_state_update.json") as f:
+        written = json.load(f)["default"]
+    from harness.impls.triton import selective_state_update as ssu
+    assert set(written) == set(ssu.CONFIG)
+
+
 def test_bench_sweep_no_write(tmp_path, device):
     """--no-write reports without writing a configuration file."""
     cfg = tmp_path / "configs"
