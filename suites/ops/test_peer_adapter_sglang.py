@@ -24,7 +24,9 @@ _MISSING = adapter.unavailable_reason("sglang", *adapter.MODULES)
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
 OPS = {"causal_conv1d_varlen": adapter.causal_conv1d_varlen, "causal_conv1d_update": adapter.causal_conv1d_update,
-       "selective_state_update": adapter.selective_state_update, "ssd_varlen": adapter.ssd_varlen,
+       "causal_conv1d_update_spec": adapter.causal_conv1d_update_spec,
+       "selective_state_update": adapter.selective_state_update,
+       "selective_state_update_spec": adapter.selective_state_update_spec, "ssd_varlen": adapter.ssd_varlen,
        "gated_rms_norm": adapter.gated_rms_norm, "gated_delta_rule_varlen": adapter.gated_delta_rule_varlen,
        "gated_delta_rule_update": adapter.gated_delta_rule_update, "kda_varlen": adapter.kda_varlen,
        "kda_update": adapter.kda_update}
