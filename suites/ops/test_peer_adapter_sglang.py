@@ -24,7 +24,9 @@ _MISSING = adapter.unavailable_reason("sglang", *adapter.MODULES)
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
 OPS = {"causal_conv1d_varlen": adapter.causal_conv1d_varlen, "causal_conv1d_update": adapter.causal_conv1d_update,
-       "selective_state_update": adapter.selective_state_update, "ssd_varlen": adapter.ssd_varlen,
+       "causal_conv1d_update_spec": adapter.causal_conv1d_update_spec,
+       "selective_state_update": adapter.selective_state_update,
+       "selective_state_update_spec": adapter.selective_state_update_spec, "ssd_varlen": adapter.ssd_varlen,
        "gated_rms_norm": adapter.gated_rms_norm, "gated_delta_rule_varlen": adapter.gated_delta_rule_varlen,
        "gated_delta_rule_update": adapter.gated_delta_rule_update, "kda_varlen": adapter.kda_varlen,
        "kda_update": adapter.kda_update}
@@ -87,9 +89,10 @@ def test_conv_width_above_five_declines():
 
 @pytest.mark.xfail(strict=True, reason="sglang 0.5.23 causal_conv1d_triton: width 5 is accepted but the tap loop "
                    "covers widths 2-4 only (every tap uses the first window column); see docs/findings.md")
-@pytest.mark.parametrize("op", ["causal_conv1d_varlen", "causal_conv1d_update"])
+@pytest.mark.parametrize("op", ["causal_conv1d_varlen", "causal_conv1d_update", "causal_conv1d_update_spec"])
 def test_conv_width_five_matches_reference(op):
-    """Kernel width 5 (the contract admits 2..8) gives the reference's outputs and windows."""
+    """Kernel width 5 (the contract admits 2..8) gives the reference's outputs and windows (the speculative
+    form: also the windows the verify kernel records after each token)."""
     device = _cuda()
     sp, kw = _case(op, device=device, K=5)
     ref_kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}

@@ -5,6 +5,11 @@ must keep from vLLM's kernels, which never see such batches in vLLM itself.
   table (`prepare_chunk_indices`, vLLM's copy of fla) gives every chunk after an empty sequence the wrong
   sequence, so the adapter runs the live non-empty sequences only. The table itself is checked on the CPU
   (xfail, strict: the finding in docs/findings.md).
+* Speculative decode (`causal_conv1d_update_spec`, `selective_state_update_spec`): bad input and declined
+  cases fail before any kernel or slot write, steps without a live row run no kernel (CPU); and vLLM's own
+  conv layout for speculative steps -- one slot per request, K - 1 + num_spec columns wide, slid over from
+  step to step -- holds the same windows and gives the same outputs as the adapter on our per-position
+  slots over two steps (CUDA).
 * Decode batches with no live row (no rows at all, or pads only) and prefills of empty sequences only: no
   kernel runs (an empty batch fails fused_recurrent_kda_fwd's stride asserts); the output is empty or zero
   and no slot changes, except that an empty live request without an initial state gets zeros. These reach
@@ -16,7 +21,7 @@ Skipped where vllm is not importable (CI): `python scripts/peers_fetch.py vllm` 
 import pytest
 import torch
 
-from harness.impls.adapters import unavailable_reason
+from harness.impls.adapters import import_peer, unavailable_reason
 from harness.impls.adapters import vllm as adapter
 from harness.ops import SPECS
 from harness.testing.delta_cases import (CHUNK_OWNER_CASES, EMPTY_SEQUENCE_CASES, case_id, run_empty_update,
@@ -111,3 +116,106 @@ def test_prefill_of_empty_sequences_only(device, op):
     want = before.clone()
     want[3] = 0
     assert torch.equal(pool, want)
+
+
+# ---- speculative decode --------------------------------------------------------------------------------------
+
+SPEC_OPS = ("causal_conv1d_update_spec", "selective_state_update_spec")
+
+
+def _spec_kernels(device):
+    """vLLM's decode kernels run on CUDA; Triton's interpreter rejects their masks (INTERPRETER_LIMITS)."""
+    if not device.startswith("cuda"):
+        pytest.skip("needs a CUDA device (under Triton's interpreter: "
+                    + adapter.INTERPRETER_LIMITS["causal_conv1d_update_spec"] + ")")
+    return device
+
+
+def _spec_mutations():
+    m = []
+    for op in SPEC_OPS:
+        sp = SPECS[op]
+        m.append((op, "slot id past the pool", sp.index,
+                  lambda k, sp=sp: k[sp.index].__setitem__((0, 0), k[sp.pool].shape[0])))
+        m += [(op, what, arg, mutate) for what, arg, mutate in sp.bad_inputs]
+    return m
+
+
+@pytest.mark.parametrize("op,what,arg,mutate", _spec_mutations(), ids=[f"{o}-{w}" for o, w, _, _ in _spec_mutations()])
+def test_spec_bad_input_is_rejected_before_anything_is_written(op, what, arg, mutate):
+    """The speculative ops validate with the contract first: bad input is a ValueError naming the argument
+    and nothing is written. Reaches no kernel: runs on the CPU."""
+    sp, kw = _case(op, "cpu")
+    mutate(kw)
+    before = kw[sp.pool].clone()
+    with pytest.raises(ValueError) as ei:
+        _call(sp, kw)
+    assert arg in str(ei.value), f"{op} ({what}): expected the error to name {arg!r}, got: {ei.value}"
+    assert torch.equal(kw[sp.pool], before)
+
+
+@pytest.mark.parametrize("op,shape,options,reason", [
+    ("selective_state_update_spec", dict(layout="mamba2"), dict(dt_limit=(1e-3, 0.5)), "no dt_limit clamp"),
+    ("selective_state_update_spec", dict(layout="mamba1", Dm=4, G=2), {}, "one group of B/C only"),
+    ("causal_conv1d_update_spec", dict(K=7), {}, "kernel widths 2..6 only"),
+], ids=["dt_limit", "mamba1_groups", "width7"])
+def test_spec_declines_name_the_limit(op, shape, options, reason):
+    """Cases vLLM's kernels cannot do decline (NotImplementedError naming vllm and the limit) before any
+    kernel runs or any slot is written. Runs on the CPU."""
+    sp, kw = _case(op, "cpu", **shape, optional=True)
+    kw.update(options)
+    before = kw[sp.pool].clone()
+    with pytest.raises(NotImplementedError, match=rf"^vllm .*{reason}"):
+        _call(sp, kw)
+    assert torch.equal(kw[sp.pool], before)
+
+
+@pytest.mark.parametrize("op", SPEC_OPS)
+@pytest.mark.parametrize("lens,accepted", [([0, 0], [1, 3]), ([2, 3], [2, 1]), ([0, 3], [1, 2])],
+                         ids=["no_tokens", "padding_rows", "empty_and_padding"])
+def test_spec_batch_without_live_row_runs_no_kernel(op, lens, accepted):
+    """A step whose rows are all empty or padding (start slot = pad id) reaches no kernel: zero output, every
+    slot unchanged. Runs on the CPU."""
+    sp, kw = _case(op, "cpu", lens=lens, accepted=accepted, optional=True)
+    for b, n in enumerate(lens):
+        if n:
+            kw[sp.index][b, accepted[b] - 1] = -1
+    before = kw[sp.pool].clone()
+    y = _call(sp, kw)
+    assert y.shape == kw["x"].shape and not bool(y.any())
+    assert torch.equal(kw[sp.pool], before)
+
+
+def test_vllm_native_conv_slot_over_two_steps(device):
+    """vLLM's own layout for two speculative steps in a row: one conv slot per request, K - 1 + num_spec
+    columns wide (block ids from 1, vLLM's null block 0 by default), the first step from the window at
+    columns 0.. with rows shorter than num_spec + 1 (the slot's later columns then keep older inputs), the
+    second from each row's accepted position. Both steps' outputs equal the adapter's on per-position slots,
+    and after each step the window at columns j.. of a row's slot equals the slot of its position j."""
+    device = _spec_kernels(device)
+    conv = import_peer(adapter._CONV)
+    g = torch.Generator().manual_seed(5)
+    Bsz, D, K, num_spec = 4, 40, 4, 3
+    S = num_spec + 1
+
+    def rn(*shape, scale=1.0):
+        return (torch.randn(shape, generator=g) * scale).to(device)
+
+    wide = rn(Bsz + 1, D, K - 1 + num_spec)
+    table = torch.arange(1, Bsz * S + 1, device=device, dtype=torch.int32).reshape(Bsz, S)
+    ours = rn(Bsz * S + 1, D, K - 1)
+    ours[table[:, 0].long()] = wide[1:, :, :K - 1]
+    lines = torch.arange(1, Bsz + 1, device=device, dtype=torch.int32)
+    w, bias = rn(D, K, scale=0.5), rn(D, scale=0.1)
+    for lens, acc in (([4, 2, 3, 1], [1, 1, 1, 1]), ([4, 4, 1, 3], [3, 1, 2, 1])):
+        qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=device, dtype=torch.int32)
+        acc_t = torch.tensor(acc, device=device, dtype=torch.int32)
+        x = rn(sum(lens), D)
+        y_vllm = torch.empty_like(x)
+        conv.causal_conv1d_update(x, wide, w, bias, "silu", conv_state_indices=lines, num_accepted_tokens=acc_t,
+                                  query_start_loc=qsl, max_query_len=S, out=y_vllm)
+        y = adapter.causal_conv1d_update_spec(x, ours, w, bias, qsl, table, acc_t, activation="silu")
+        torch.testing.assert_close(y, y_vllm, rtol=1e-6, atol=1e-6)
+        for b, n in enumerate(lens):
+            for j in range(n):
+                torch.testing.assert_close(ours[int(table[b, j])], wide[b + 1, :, j:j + K - 1], rtol=0, atol=0)

@@ -19,6 +19,20 @@ offers it alone for a CPU run):
   (mamba1.py): heads = channels, head dim 1, one group of B/C. None D / dt_bias are passed as zeros (its
   launch unpacks their strides). Not supported: dt_limit other than (0, inf) (no clamp); dt_softplus=False
   with a negative dt (no clamp to the default lower bound 0); Mamba-1 with more than one B/C group.
+* causal_conv1d_update_spec, selective_state_update_spec <- SGLang's target verify of speculative decoding as
+  MambaMixer2 runs it for a chain of drafts (topk 1: no EAGLE tree, retrieve_* None): causal_conv1d_update
+  with `intermediate_conv_window` and selective_state_update with disable_state_update=True and
+  `intermediate_states_buffer` (cache_steps = the row length), on rows of one fixed token count, with
+  `intermediate_state_indices` = the row. The kernels record the window / state after each token of each row
+  in those scratch buffers; SGLang's accept step then copies the accepted one into the request's main slot
+  (`fused_mamba_state_scatter_with_mask`), and the next verify starts from that slot. Our contract names a
+  slot per position and a start slot per row instead, so the adapter: pads the packed rows to num_spec + 1
+  tokens (the padding positions' results are dropped), gives the SSU kernel each row's start slot
+  table[b, num_accepted_tokens[b] - 1] (the pad id for a row that is not live) and the conv kernel a scratch
+  line holding that slot's window (its conv kernel also rewrites the line it starts from), and writes the
+  recorded state / window after position j into table[b, j] for the row's T_b positions, on the device.
+  Same limits as the one-token ops (widths 2..5, with the width-5 bug of docs/findings.md; dt_limit (0, inf) only;
+  no negative dt without softplus; one B/C group for Mamba-1).
 * ssd_varlen             <- triton_ops.ssd_combined.mamba_chunk_scan_combined on the packed batch as batch 1,
   with seq_idx, chunk_indices / chunk_offsets built as SGLang's Mamba2Metadata.prepare_mixed builds them
   (the latter only when a request has an initial state) and the initial states gathered the way
@@ -45,7 +59,8 @@ offers it alone for a CPU run):
   strided pool would be copied and its update lost). Not supported: scale <= 0.
 * kda_update             <- fla.kda.fused_recurrent_kda on states gathered from the pool (every row; zeros
   for pads), written back for the live rows; pad outputs are zeroed.
-Decode ops (conv update, Mamba state update, GDN / KDA update) read nothing on the host inside
+Decode ops (conv update, Mamba state update and their speculative forms, GDN / KDA update) read nothing on the
+host inside
 `harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: pads go to the kernels as
 negative indices or, through a scratch copy, are gathered and scattered on the device
 (`harness.impls.adapters.gather_slots` / `scatter_slots`); a batch of pads only is then not recognised and
@@ -67,6 +82,7 @@ import math
 import torch
 
 from harness import ops as C
+from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows, no_live_rows,
                                     scatter_slots, unavailable_reason)
 from harness.impls.adapters._sglang_stubs import STUBS
@@ -182,13 +198,39 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     return _emit(y, out)
 
 
+def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
+                              *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """SGLang's target-verify conv (MambaMixer2, topk 1): causal_conv1d_update on rows of a fixed token
+    count with `intermediate_conv_window`, which receives the window after each token of each row. Here the
+    rows are num_spec + 1 tokens long (a shorter row is padded with other tokens; what they give is
+    dropped), each row's start window is gathered into a scratch line (SGLang runs on the request's main
+    slot, which the kernel also overwrites with the last window; its accept step then copies the accepted
+    window back), and window j of each live row goes to table[b, j] for its T_b positions."""
+    T, D, K, Bsz, S = C.validate_causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc,
+                                                           conv_state_indices, num_accepted_tokens, activation,
+                                                           pad_slot_id, out)
+    _on_gpu(x, "causal_conv1d_update")
+    _conv_width(weight)
+    if SD.idle(query_start_loc, conv_state_indices, num_accepted_tokens, pad_slot_id, conv_states, T):
+        return _idle(x.shape, x, out)
+    lens, start, live = SD.rows(query_start_loc, conv_state_indices, num_accepted_tokens, pad_slot_id)
+    lines = gather_slots(conv_states, start, live)  # (Bsz, D, K-1)
+    windows = torch.zeros((Bsz, S, D, K - 1), dtype=conv_states.dtype, device=x.device)
+    rows = torch.arange(Bsz, dtype=torch.int32, device=x.device)
+    yd = import_peer(_CONV).causal_conv1d_update(
+        SD.dense_tokens(x, query_start_loc, S).transpose(1, 2), lines, weight, bias, activation,
+        conv_state_indices=torch.where(live, rows, -1), intermediate_conv_window=windows,
+        intermediate_state_indices=rows, pad_slot_id=-1)
+    SD.scatter_positions(conv_states, conv_state_indices, SD.written(conv_state_indices, lens, live, pad_slot_id),
+                         windows)
+    return _emit(SD.packed(yd.transpose(1, 2), query_start_loc, T), out)
+
+
 # ---- Mamba decode and SSD prefill --------------------------------------------------------------------------
 
-def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
-                           dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
-    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
-                                               dt_limit, pad_slot_id, out)
-    _on_gpu(x, "selective_state_update")
+def _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit):
+    if layout[0] == "mamba1" and layout[4] != 1:
+        raise NotImplementedError("sglang selective_state_update (Mamba-1 layout): one group of B/C only")
     if tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         raise NotImplementedError("sglang selective_state_update: no dt_limit clamp")
     if not dt_softplus and not host_reads_ok():
@@ -198,28 +240,76 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     if not dt_softplus and bool(((dt if dt_bias is None else dt + dt_bias[None]) < 0).any()):
         raise NotImplementedError("sglang selective_state_update: no clamp of negative dt to 0 "
                                   "(the contract's default dt_limit lower bound)")
-    if no_live_rows(state_batch_indices, pad_slot_id, state):
-        return _idle(x.shape, x, out)
-    ssu = import_peer(_SSU).selective_state_update
+
+
+def _ssu_args(layout, state, x, dt, A, B, Cm, D, z, dt_bias):
+    """SGLang's selective_state_update arguments for our layouts, the leading dims of x, dt, B, C, z kept
+    (one token per row, or rows of tokens): Mamba-2 with A, dt, dt_bias (and a per-head D) broadcast over P
+    as stride-0 views (its tied-head-dim path); Mamba-1 as SGLang's mamba1.py maps it (heads = channels,
+    head dim 1, state (slots, Dm, 1, N)). Zeros stand for a missing D or dt_bias (its launch unpacks their
+    strides). Returns (state, x, dt, A, B, C, D, z, dt_bias, the output's view of an x-shaped tensor)."""
     f32 = dict(dtype=torch.float32, device=x.device)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if layout[0] == "mamba2":
-        _, Bsz, H, P, N, G = layout
+        H, P, N = layout[2:5]
         db = dt_bias if dt_bias is not None else torch.zeros(H, **f32)
         D2 = torch.zeros((H, P), **f32) if D is None else (D[:, None].expand(H, P) if D.dim() == 1 else D)
-        ssu(state, x, dt[:, :, None].expand(Bsz, H, P), A[:, None, None].expand(H, P, N), B, Cm, D2, z,
-            db[:, None].expand(H, P), dt_softplus=bool(dt_softplus), state_batch_indices=state_batch_indices,
-            pad_slot_id=pad_slot_id, out=y)
-    else:
-        _, Bsz, Dm, N, G = layout
-        if G != 1:
-            raise NotImplementedError("sglang selective_state_update (Mamba-1 layout): one group of B/C only")
-        db = dt_bias if dt_bias is not None else torch.zeros(Dm, **f32)
-        D1 = D if D is not None else torch.zeros(Dm, **f32)
-        ssu(state.unsqueeze(2), x[:, :, None], dt[:, :, None], A[:, None, :], B, Cm, D1[:, None],
-            None if z is None else z[:, :, None], db[:, None], dt_softplus=bool(dt_softplus),
-            state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=y[:, :, None])
+        return (state, x, dt[..., None].expand(*dt.shape, P), A[:, None, None].expand(H, P, N), B, Cm, D2, z,
+                db[:, None].expand(H, P), lambda y: y)
+    Dm = layout[2]
+    db = dt_bias if dt_bias is not None else torch.zeros(Dm, **f32)
+    D1 = D if D is not None else torch.zeros(Dm, **f32)
+    return (state.unsqueeze(2), x[..., None], dt[..., None], A[:, None, :], B, Cm, D1[:, None],
+            None if z is None else z[..., None], db[:, None], lambda y: y[..., None])
+
+
+def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
+                           dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
+    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
+                                               dt_limit, pad_slot_id, out)
+    _on_gpu(x, "selective_state_update")
+    _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit)
+    if no_live_rows(state_batch_indices, pad_slot_id, state):
+        return _idle(x.shape, x, out)
+    st, xx, dd, AA, BB, CC, DD, zz, db, view = _ssu_args(layout, state, x, dt, A, B, Cm, D, z, dt_bias)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    import_peer(_SSU).selective_state_update(st, xx, dd, AA, BB, CC, DD, zz, db, dt_softplus=bool(dt_softplus),
+                                             state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id,
+                                             out=view(y))
     return _emit(y, out)
+
+
+def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc, state_batch_indices,
+                                num_accepted_tokens, *, dt_softplus=True, dt_limit=(0.0, C.INF),
+                                pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """SGLang's target verify (MambaMixer2, topk 1): selective_state_update on rows of a fixed token count
+    with disable_state_update=True and `intermediate_states_buffer` (one line of cache_steps states per
+    row, intermediate_state_indices = the row), which receives the state after each token; the start state
+    is read from the pool through state_batch_indices. Here the rows are num_spec + 1 tokens long (a shorter
+    row is padded with other tokens; what they give is dropped), state_batch_indices is each row's start
+    slot table[b, num_accepted_tokens[b] - 1] (the pad id for a row that is not live, which the kernel
+    skips), and the state after position j of each live row goes to table[b, j] for its T_b positions
+    (SGLang's accept step copies the accepted one into the request's main slot instead)."""
+    layout = C.validate_selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc,
+                                                    state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
+                                                    out)
+    _on_gpu(x, "selective_state_update")
+    _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit)
+    T, (Bsz, S) = x.shape[0], layout[-2:]
+    if SD.idle(query_start_loc, state_batch_indices, num_accepted_tokens, pad_slot_id, state, T):
+        return _idle(x.shape, x, out)
+    lens, start, live = SD.rows(query_start_loc, state_batch_indices, num_accepted_tokens, pad_slot_id)
+    xd, dtd, Bd, Cd, zd = (SD.dense_tokens(t, query_start_loc, S) for t in (x, dt, B, Cm, z))
+    st, xx, dd, AA, BB, CC, DD, zz, db, view = _ssu_args(layout, state, xd, dtd, A, Bd, Cd, D, zd, dt_bias)
+    states = torch.empty((Bsz, S) + tuple(state.shape[1:]), dtype=state.dtype, device=x.device)
+    yd = torch.empty(xd.shape, dtype=x.dtype, device=x.device)
+    import_peer(_SSU).selective_state_update(
+        st, xx, dd, AA, BB, CC, DD, zz, db, dt_softplus=bool(dt_softplus),
+        state_batch_indices=torch.where(live, start, pad_slot_id), pad_slot_id=pad_slot_id, out=view(yd),
+        disable_state_update=True, intermediate_states_buffer=states, cache_steps=S,
+        intermediate_state_indices=torch.arange(Bsz, dtype=torch.int32, device=x.device))
+    SD.scatter_positions(state, state_batch_indices, SD.written(state_batch_indices, lens, live, pad_slot_id),
+                         states)
+    return _emit(SD.packed(yd, query_start_loc, T), out)
 
 
 def ssd_chunk_metadata(query_start_loc, has_initial_state, chunk_size):
@@ -458,18 +548,18 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     return y
 
 
-register(Impl(name="sglang", devices=("cuda",),
-              ops={"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update,
-                   "selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
-                   "gated_rms_norm": gated_rms_norm,
-                   "gated_delta_rule_varlen": gated_delta_rule_varlen,
-                   "gated_delta_rule_update": gated_delta_rule_update,
-                   "kda_varlen": kda_varlen, "kda_update": kda_update,
-                   "selective_scan_varlen": selective_scan_varlen},
+OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update,
+       "causal_conv1d_update_spec": causal_conv1d_update_spec, "selective_state_update": selective_state_update,
+       "selective_state_update_spec": selective_state_update_spec, "ssd_varlen": ssd_varlen,
+       "gated_rms_norm": gated_rms_norm, "gated_delta_rule_varlen": gated_delta_rule_varlen,
+       "gated_delta_rule_update": gated_delta_rule_update, "kda_varlen": kda_varlen, "kda_update": kda_update,
+       "selective_scan_varlen": selective_scan_varlen}
+
+register(Impl(name="sglang", devices=("cuda",), ops=OPS,
               dtypes=(torch.float32, torch.float16, torch.bfloat16), fp32_matmul="tf32",
               unavailable=lambda: unavailable_reason("sglang", *MODULES),
-              description="SGLang 0.5.23 Triton kernels (causal conv, SSU, SSD, gated norm, GDN, KDA) and its "
-                          "PyTorch Mamba-1 prefill loop"))
+              description="SGLang 0.5.23 Triton kernels (causal conv, SSU and their speculative-verify forms, SSD, "
+                          "gated norm, GDN, KDA) and its PyTorch Mamba-1 prefill loop"))
 
 # SGLang's Mamba-1 prefill alone, which is PyTorch and runs anywhere: not registered (the `sglang` Impl has it
 # on CUDA); for the CPU run of its op suite:

@@ -19,6 +19,20 @@ behind our stubs (`_vllm_stubs`); where vllm itself is installed, the same modul
   layout: state (num_slots, Dm, N) as one head, one group of B/C only. It requires D and dt_bias (zeros
   are passed where the contract's are None). Not supported: dt_limit other than (0, inf) (no clamp), and
   without dt_softplus a negative dt (no clamp at 0).
+* selective_state_update_spec <- the same selective_state_update in vLLM's speculative form: cu_seqlens =
+  query_start_loc, state_batch_indices = dst_state_batch_indices = our (Bsz, num_spec + 1) slot table,
+  num_accepted_tokens as given, null_block_id = our pad id. The kernel reads slot
+  table[b, num_accepted_tokens[b] - 1] and stores the state after the row's token j into table[b, j] unless
+  that is the null block; a row whose start slot is the null block stores nothing. This is our contract
+  exactly (its reference is defined by this call); same limits as the one-token op.
+* causal_conv1d_update_spec <- causal_conv1d_update with num_accepted_tokens, query_start_loc and
+  max_query_len = num_spec + 1. vLLM keeps one conv slot per request, K - 1 + num_spec columns wide, and
+  slides over it (it reads the window at columns a - 1 .., writes the window's newest K - 2 inputs and the
+  row's tokens from column 0: the state after token j is columns j .. j + K - 2); our pool keeps each
+  position's window in its own (D, K - 1) slot. The adapter builds vLLM's wide slots on the device, one per
+  row (the start slot's window placed at columns a - 1 .., zeros where the kernel reads nothing), runs the
+  kernel on them (rows that are not live get the null block) and writes window j of each live row into
+  table[b, j]. Widths 2..6.
 * ssd_varlen <- mamba.ops.ssd_combined.mamba_chunk_scan_combined_varlen with vLLM's per-request chunk
   metadata built on the device: every sequence is cut at multiples of chunk_size from its first token
   (vLLM counts from num_computed_tokens; the op has no prefix length, i.e. 0), giving cu_chunk_seqlens,
@@ -42,18 +56,20 @@ behind our stubs (`_vllm_stubs`); where vllm itself is installed, the same modul
 The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a live request on slot 0 is
 declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves (their output rows are
 left as the kernels leave them: unspecified, as the contract allows).
-Decode ops (conv update, Mamba state update, GDN / KDA update) read nothing on the host inside
-`harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: the pool and the slot ids go to the
-kernels as they are, and the host-side declines that need the indices or dt are not decided there: a live
-request on slot 0 is not looked for (live slot ids must be > 0 there, as the benchmark's are: slots 1..B),
-a batch of pads only reaches the kernels (which skip every row), and the Mamba state update without
-dt_softplus is declined (a negative dt cannot be ruled out without reading it). They index the pool
+Decode ops (conv update, Mamba state update and their speculative forms, GDN / KDA update) read nothing on the
+host inside `harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: the pool and the slot
+ids go to the kernels as they are (the speculative conv's wide slots are built and written back with index
+tensors of static shape, `harness.impls.adapters._spec_decode`), and the host-side declines that need the
+indices or dt are not decided there: a live request on slot 0 is not looked for (live slot ids must be > 0
+there, as the benchmark's are: slots 1..B), a batch of pads only reaches the kernels (which skip every row),
+and the Mamba state update without dt_softplus is declined (a negative dt cannot be ruled out without
+reading it). They index the pool
 as dense slots, so a pool whose slots are not contiguous inside is declined. The chunked GDN/KDA prefill
 runs the live non-empty sequences with states gathered from and written back to the pool on the device
 (as vLLM's mixers do around these kernels), which serves slot 0 too; an empty live request keeps its
 initial state (zeros without one). The chunk kernels must not see an empty sequence: the copy's
 prepare_chunk_indices gives every later sequence's chunks the wrong sequence (docs/findings.md).
-A decode call with no live row (an empty batch, or pads only) reaches no kernel: its output is zeros and no
+A decode call with no live row (an empty batch, no tokens, or pads only) reaches no kernel: its output is zeros and no
 slot is touched (with B = 0 fused_recurrent_kda_fwd's stride asserts on the packed q/k/v views would fail).
 Not adapted: selective_scan_varlen (vLLM's Mamba-1 prefill is a compiled _C op).
 Under Triton's interpreter (CPU, fp32) only ssd_varlen and gated_rms_norm run; INTERPRETER_LIMITS says why
@@ -68,7 +84,9 @@ import types
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import host_reads_ok, host_slots, import_peer, no_live_rows, unavailable_reason
+from harness.impls.adapters import _spec_decode as SD
+from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, no_live_rows,
+                                    unavailable_reason)
 from harness.impls.adapters._source import PeerSource
 from harness.impls.adapters._vllm_stubs import STUBS
 from harness.impls.adapters.fla import _gather, _scatter, _varlen
@@ -194,6 +212,40 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     return _emit(res, y)
 
 
+def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
+                              *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """vLLM keeps one conv slot per request, K - 1 + num_spec columns wide, and slides over it: the kernel
+    reads the window at columns a - 1 .. a + K - 3 (a = num_accepted_tokens) and rewrites columns
+    0 .. K - 3 + T_b with the window's newest K - 2 inputs followed by the row's T_b tokens, so that the
+    state after token j is columns j .. j + K - 2. Our pool keeps each position's window in its own slot:
+    the adapter builds vLLM's wide slots on the device (one per row: the start slot's window at columns
+    a - 1 .., zeros elsewhere, which the kernel does not read), runs vLLM's kernel on them with our
+    num_accepted_tokens and query_start_loc (max_query_len = num_spec + 1; rows that are not live get the
+    null block -1), and writes window j of each live row into table[b, j] for its T_b positions."""
+    T, D, K, Bsz, S = C.validate_causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc,
+                                                           conv_state_indices, num_accepted_tokens, activation,
+                                                           pad_slot_id, out)
+    if K > 6:
+        raise NotImplementedError(f"vllm causal_conv1d_update: kernel widths 2..6 only, got {K}")
+    if SD.idle(query_start_loc, conv_state_indices, num_accepted_tokens, pad_slot_id, conv_states, T):
+        return _idle(x, out)
+    lens, start, live = SD.rows(query_start_loc, conv_state_indices, num_accepted_tokens, pad_slot_id)
+    acc = num_accepted_tokens.to(torch.int64)
+    wide = torch.zeros((Bsz, D, K - 2 + S), dtype=conv_states.dtype, device=x.device)
+    cols = ((acc - 1)[:, None] + torch.arange(K - 1, device=x.device)[None, :])[:, None, :].expand(Bsz, D, K - 1)
+    wide.scatter_(2, cols, gather_slots(conv_states, start, live))
+    lines = torch.where(live, torch.arange(Bsz, device=x.device), -1).to(torch.int32)
+    y = out if out is not None else torch.empty_like(x)
+    res = import_peer(_CONV).causal_conv1d_update(x, wide, weight, bias, activation, conv_state_indices=lines,
+                                                  num_accepted_tokens=num_accepted_tokens,
+                                                  query_start_loc=query_start_loc, max_query_len=S, null_block_id=-1,
+                                                  out=y)
+    windows = wide.unfold(2, K - 1, 1).permute(0, 2, 1, 3)  # (Bsz, S, D, K-1): the state after each position
+    SD.scatter_positions(conv_states, conv_state_indices, SD.written(conv_state_indices, lens, live, pad_slot_id),
+                         windows)
+    return _emit(res, y)
+
+
 # ------------------------------------------------------------------------------------------- mamba
 
 
@@ -208,31 +260,61 @@ def _no_dt_clamp(dt, dt_bias, dt_softplus, dt_limit, who):
                                   "lower bound) without dt_softplus")
 
 
+def _ssu_args(layout, x, dt, A, B, Cm, D, z, dt_bias):
+    """vLLM's selective_state_update arguments for our layouts (the batch dim of x, dt, B, C, z as given):
+    Mamba-2 with A, dt, dt_bias (and a per-head D) broadcast over P as stride-0 views (its tie_hdim path);
+    Mamba-1 as one head, one group of B/C only. Zeros stand for a missing D or dt_bias (it requires both)."""
+    if layout[0] == "mamba1" and layout[4] != 1:
+        raise NotImplementedError("vllm selective_state_update (Mamba-1 layout): one group of B/C only")
+    f32 = dict(dtype=torch.float32, device=x.device)
+    if layout[0] == "mamba2":
+        _, n, H, P, N, G = layout[:6]
+        db = dt_bias if dt_bias is not None else torch.zeros(H, **f32)
+        Dv = D if D is not None else torch.zeros(H, **f32)
+        return (x, dt[:, :, None].expand(n, H, P), A[:, None, None].expand(H, P, N), B, Cm,
+                Dv[:, None].expand(H, P) if Dv.dim() == 1 else Dv, db[:, None].expand(H, P), z)
+    Dm = layout[2]
+    return (x, dt, A, B, Cm, D if D is not None else torch.zeros(Dm, **f32),
+            dt_bias if dt_bias is not None else torch.zeros(Dm, **f32), z)
+
+
 def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
                            dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
                                                dt_limit, pad_slot_id, out)
-    if layout[0] == "mamba1" and layout[4] != 1:
-        raise NotImplementedError("vllm selective_state_update (Mamba-1 layout): one group of B/C only")
+    args = _ssu_args(layout, x, dt, A, B, Cm, D, z, dt_bias)
     _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
     if no_live_rows(state_batch_indices, pad_slot_id, state):
         return _idle(x, out)
-    ssu = import_peer(_SSU).selective_state_update
     y = out if out is not None else torch.empty_like(x)
-    f32 = dict(dtype=torch.float32, device=x.device)
-    if layout[0] == "mamba2":
-        _, Bsz, H, P, N, G = layout
-        db = dt_bias if dt_bias is not None else torch.zeros(H, **f32)
-        Dv = D if D is not None else torch.zeros(H, **f32)
-        ssu(state, x, dt[:, :, None].expand(Bsz, H, P), A[:, None, None].expand(H, P, N), B, Cm,
-            Dv[:, None].expand(H, P) if Dv.dim() == 1 else Dv, db[:, None].expand(H, P), z=z,
-            dt_softplus=bool(dt_softplus), state_batch_indices=state_batch_indices, null_block_id=pad_slot_id,
-            out=y)
-    else:
-        _, Bsz, Dm, N, G = layout
-        ssu(state, x, dt, A, B, Cm, D if D is not None else torch.zeros(Dm, **f32),
-            dt_bias if dt_bias is not None else torch.zeros(Dm, **f32), z=z, dt_softplus=bool(dt_softplus),
-            state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=y)
+    xx, dd, AA, BB, CC, DD, db, zz = args
+    import_peer(_SSU).selective_state_update(state, xx, dd, AA, BB, CC, DD, db, z=zz, dt_softplus=bool(dt_softplus),
+                                             state_batch_indices=state_batch_indices, null_block_id=pad_slot_id,
+                                             out=y)
+    return y
+
+
+def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc, state_batch_indices,
+                                num_accepted_tokens, *, dt_softplus=True, dt_limit=(0.0, C.INF),
+                                pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """vLLM's speculative form of the same kernel: cu_seqlens = query_start_loc, state_batch_indices and
+    dst_state_batch_indices both our slot table, num_accepted_tokens as given, null_block_id = our pad id.
+    The kernel reads slot table[b, num_accepted_tokens[b] - 1] and stores the state after each token t of
+    the row into table[b, t] unless that is the null block; a row whose start slot is the null block reads
+    zeros and stores nothing (its outputs are computed from zeros: unspecified for us)."""
+    layout = C.validate_selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc,
+                                                    state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
+                                                    out)
+    args = _ssu_args(layout, x, dt, A, B, Cm, D, z, dt_bias)
+    _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
+    if SD.idle(query_start_loc, state_batch_indices, num_accepted_tokens, pad_slot_id, state, x.shape[0]):
+        return _idle(x, out)
+    y = out if out is not None else torch.empty_like(x)
+    xx, dd, AA, BB, CC, DD, db, zz = args
+    import_peer(_SSU).selective_state_update(
+        state, xx, dd, AA, BB, CC, DD, db, z=zz, dt_softplus=bool(dt_softplus),
+        state_batch_indices=state_batch_indices, dst_state_batch_indices=state_batch_indices,
+        null_block_id=pad_slot_id, out=y, num_accepted_tokens=num_accepted_tokens, cu_seqlens=query_start_loc)
     return y
 
 
@@ -396,6 +478,8 @@ INTERPRETER_LIMITS = {
     "causal_conv1d_update": "a masked load whose mask combines a tensor with a scalar (its null-block test) "
                             "fails there ('mask has unsupported dtype')",
     "selective_state_update": "the same scalar-and-tensor mask (its null-block test)",
+    "causal_conv1d_update_spec": "the scalar-and-tensor mask of causal_conv1d_update (its cache-line bound)",
+    "selective_state_update_spec": "the scalar-and-tensor mask of selective_state_update (its null-block test)",
     "gated_delta_rule_varlen": "vLLM's fla copy calls tl.exp / tl.log through module aliases, which the "
                                "interpreter does not patch ('Did you forget to add @triton.jit ?')",
     "gated_delta_rule_update": "the same tl.exp aliases", "kda_varlen": "the same tl.exp aliases",
@@ -403,7 +487,9 @@ INTERPRETER_LIMITS = {
 }
 
 OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update,
-       "selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen, "gated_rms_norm": gated_rms_norm,
+       "causal_conv1d_update_spec": causal_conv1d_update_spec, "selective_state_update": selective_state_update,
+       "selective_state_update_spec": selective_state_update_spec, "ssd_varlen": ssd_varlen,
+       "gated_rms_norm": gated_rms_norm,
        "gated_delta_rule_varlen": gated_delta_rule_varlen, "gated_delta_rule_update": gated_delta_rule_update,
        "kda_varlen": kda_varlen, "kda_update": kda_update}
 
@@ -419,5 +505,6 @@ register(Impl(name="vllm", devices=("cuda", "cpu"),
               ops={k: f for k, f in OPS.items() if not (interpreting() and k in INTERPRETER_LIMITS)},
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32", unavailable=_unavailable,
-              description="vLLM 0.33.0 Triton kernels (conv, Mamba state update, chunked SSD, gated RMSNorm, GDN, "
-                          "KDA); cpu via TRITON_INTERPRET=1: fp32 ssd_varlen and gated_rms_norm only"))
+              description="vLLM 0.33.0 Triton kernels (conv, Mamba state update and their speculative forms, "
+                          "chunked SSD, gated RMSNorm, GDN, KDA); cpu via TRITON_INTERPRET=1: fp32 ssd_varlen and "
+                          "gated_rms_norm only"))
