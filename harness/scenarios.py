@@ -45,7 +45,7 @@ from hypothesis import currently_in_test_context, event, target
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.testing.checks import Tolerance, compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, describe_tolerance, tolerance_for
 from harness.engine import families as engine_families
 from harness.engine.pool import PAD_SLOT_ID
 from harness.engine.runner import EngineRunner, random_chunk_fn
@@ -286,7 +286,7 @@ def _close(name, actual, expected, tol, where: str, check=None, make_runner=None
         check.close(name, actual, expected, op="engine", impl=impl, dtype=getattr(make_runner, "dtype", None),
                     tol=tol, context=where)
         return
-    c = compare(name, actual, expected, tol)
+    c = compare(name, actual, expected, tol, describe_tolerance(tol, getattr(make_runner, "dtype", None)))
     if not c.passed:
         raise Mismatch(c.message(where))
 
@@ -375,7 +375,7 @@ def check_same_results(a: dict, b: dict, case: Scenario, make_runner, what: str,
         else:
             n = len(ra.tokens)
         _close(f"{what}: request {rid!r} step logits", rb.step_logits[:n, :cfg.vocab_size_unpadded],
-               ra.step_logits[:n, :cfg.vocab_size_unpadded], tol, where)
+               ra.step_logits[:n, :cfg.vocab_size_unpadded], tol, where, make_runner=make_runner)
 
 
 def run_case(case: Scenario, make_runner, *, waves=None, order=None, **over):
