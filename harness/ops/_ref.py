@@ -2,8 +2,8 @@
 
 The reference ops of `reference/` take per-sequence initial states and return final states; these
 helpers gather the named slots (zeros where a request has no initial state or is padding), scatter the
-final states back (pads untouched), zero the output rows of pad requests, and emit the output into `out=` or in the activations' dtype
-(float64 while the oracle evaluates).
+final states back (pads untouched), zero the output rows of pad requests, and emit the output into `out=`
+or in the activations' dtype (float64 while the oracle evaluates).
 """
 from __future__ import annotations
 

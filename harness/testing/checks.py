@@ -104,7 +104,8 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolera
     records and asserts). `why`: why `tol` applies (`describe_tolerance`), for the message."""
     if tuple(actual.shape) != tuple(expected.shape):
         return Comparison(name, tuple(actual.shape), float("inf"), float("inf"), None, None, None, 0, tol,
-                          False, f"shape mismatch: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}", why)
+                          False, f"shape mismatch: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}",
+                          why)
     a = actual.detach().to("cpu", torch.float64)
     b = expected.detach().to("cpu", torch.float64)
     shape = tuple(a.shape)

@@ -19,8 +19,9 @@ value-major state S (V, K) and l2-normalised, scaled q and k:
    sequence's chunks in order with its (BV, K) state tile in registers (fp32; fp64 for fp64 inputs):
        v' = u - w S^T,   o = (exp(G) q) S^T + Aqk v',   S <- exp(G_last) S + v'^T (exp(G_last - G) k).
    The state starts from the pool slot (cache_indices) where has_initial_state, from zeros otherwise;
-   a pad request's tokens are stored as o = 0 (the op contract); live requests write their final state back in place (an empty live sequence writes its
-   initial state, zeros without has_initial_state); pads and unnamed slots are never touched. The pool
+   a pad request's tokens are stored as o = 0 (the op contract); live requests write their final state
+   back in place (an empty live sequence writes its initial state, zeros without has_initial_state); pads
+   and unnamed slots are never touched. The pool
    may be any strided view: it is addressed through its strides.
 
 Dots: fp32 inputs multiply in fp32 ("ieee"), fp64 in fp64; half inputs feed their q / k / v / scratch

@@ -219,17 +219,17 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
             BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 2:
             h, ypend, sdt, u1, d1, b1, c1, z1 = _sub(
-                h, ypend, yl, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                h, ypend, yl, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 4:
             h, ypend, sdt, u2, d2, b2, c2, z2 = _sub(
-                h, ypend, yl, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                h, ypend, yl, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
             h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
-                h, ypend, yl, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                h, ypend, yl, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     if NEED_Y:  # the last token's y (the loop stored up to the token before it)
         tl.store(y_ptr + (t1 - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + t1) > t0))
