@@ -4,11 +4,15 @@ A *scenario* (:class:`Scenario`) is a set of requests on a tiny random model (fa
 one or more *waves* (each wave is one ``EngineRunner.run`` call on the same runner, so a later wave
 can be seeded from the prefix-cache snapshots of an earlier one), with a token budget, chunk sizes
 (a deterministic chooser seeded by ``chunk_seed``: boundaries anywhere, including chunks shorter than
-the conv width), a cache mode and block size, a pool size and layout, and decode padding.
+the conv width), a cache mode and block size, a pool size and layout (layer-major or page-major; conv
+slots row-major or channels-last, as vLLM keeps them: ``conv_layout``), and decode padding.
 
 ``make_runner`` is a :class:`RunnerFactory` (implementation, dtype, device): ``make_runner(model, **kw)``
-builds an ``EngineRunner``. The oracle is the float64 reference model (``reference.models.ReferenceLM``)
-run ONE request at a time over the request's whole token stream (no chunking, no batching, no cache).
+builds an ``EngineRunner``. Every op call of its engine is checked against the pad-row contract of
+``harness.ops`` (a pad request's output rows are exactly 0; they go on into the next layer): a call that
+leaves them otherwise fails the property that ran it. The oracle is the float64 reference model
+(``reference.models.ReferenceLM``) run ONE request at a time over the request's whole token stream (no chunking,
+no batching, no cache).
 
 Properties (each raises AssertionError with a message that says what differs, where, and the case):
   * :func:`prop_matches_reference` -- every request's step logits, greedy tokens (tie-aware), final
@@ -45,7 +49,7 @@ from hypothesis import currently_in_test_context, event, target
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.testing.checks import Tolerance, compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, describe_tolerance, tolerance_for
 from harness.engine import families as engine_families
 from harness.engine.pool import PAD_SLOT_ID
 from harness.engine.runner import EngineRunner, random_chunk_fn
@@ -55,6 +59,9 @@ from reference.loader import ModelConfig, expected_parameters
 
 FAMILIES = tuple(n for n in families.names() if families.get(n).whole_models)  # families with whole models
 MODES = ("none", "align", "all")
+# conv-state slots: row-major (conv_dim, K-1), or channels-last ((K-1, conv_dim) in memory, vLLM's layout;
+# harness.testing.CONV_LAYOUTS "channels_last" at op level)
+CONV_SLOT_LAYOUTS = ("row_major", "channels_last")
 
 # ============================================================================ tiny models
 
@@ -154,6 +161,7 @@ class Scenario:
     num_slots: int = 4
     layout: str = "layer_major"
     decode_pad: int = 1
+    conv_layout: str = "row_major"
 
     @property
     def size(self) -> tuple[int, int]:
@@ -167,6 +175,7 @@ class Scenario:
     def runner_kwargs(self, **over) -> dict:
         kw = dict(num_slots=self.num_slots, token_budget=self.token_budget, cache_mode=self.cache_mode,
                   block_size=self.block_size, layout=self.layout, decode_pad_multiple=self.decode_pad,
+                  conv_channels_last=self.conv_layout == "channels_last",
                   chunk_fn=None if self.chunk_seed is None else random_chunk_fn(self.chunk_seed))
         kw.update(over)
         return kw
@@ -185,8 +194,10 @@ def _tokens(seed: int, n: int, vocab: int = 60) -> tuple:
 def scenarios(draw, families=FAMILIES, modes=MODES, min_requests: int = 1, max_requests: int = 6,
               max_prompt: int = 40, max_new: int = 4, max_waves: int = 2, budgets=(1, 64),
               block_sizes=(8, 16), layouts=("layer_major", "page_major"), pads=(1, 4), max_slots: int = 6,
-              chunked=None, seeds=(0, 3), min_base: int = 0):
-    """Request sets on tiny models: shared prefixes, tracked/untracked, waves, budgets, chunking."""
+              chunked=None, seeds=(0, 3), min_base: int = 0, conv_layouts=CONV_SLOT_LAYOUTS, min_new: int = 1):
+    """Request sets on tiny models: shared prefixes, tracked/untracked, waves, budgets, chunking, the pool
+    layouts engines use (`layouts`, and `conv_layouts` for the conv slots: vLLM's channels-last ones too).
+    Each request generates `min_new`..`max_new` tokens (with `min_new` 2, every request reaches a decode step)."""
     family = draw(st.sampled_from(families))
     n = draw(st.integers(min_requests, max_requests))
     block_size = draw(st.sampled_from(block_sizes))
@@ -207,7 +218,7 @@ def scenarios(draw, families=FAMILIES, modes=MODES, min_requests: int = 1, max_r
         own = st.integers(0 if share else 1, max(1, min(12, max_prompt - share)))
         own_len = draw(st.one_of(st.just(0), own) if share else own)
         prompts.append(tuple(base[:share]) + _tokens(draw(st.integers(0, 1 << 16)), own_len))
-    news = tuple(draw(st.integers(1, max_new)) for _ in range(n))
+    news = tuple(draw(st.integers(min(min_new, max_new), max_new)) for _ in range(n))
     # mostly tracked requests in several waves: later waves then find earlier waves' snapshots
     track = tuple(draw(st.one_of(st.just(True), st.booleans())) for _ in range(n))
     most_waves = min(max_waves, n)
@@ -217,12 +228,17 @@ def scenarios(draw, families=FAMILIES, modes=MODES, min_requests: int = 1, max_r
     bounds = [0] + cuts + [n]
     waves = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a)
     use_chunks = draw(st.booleans()) if chunked is None else chunked
+    model_seed = draw(st.integers(*seeds))
+    token_budget = draw(st.integers(*budgets))
+    chunk_seed = draw(st.integers(0, 1000)) if use_chunks else None
+    num_slots = draw(st.integers(1, max_slots))
+    # the pool layout and the conv slots' layout in one draw: the other draws (and a fixed-seed search's
+    # examples) stay what they were with the pool layout alone
+    layout, conv_layout = draw(st.sampled_from([(p, c) for p in layouts for c in conv_layouts]))
     return Scenario(
-        family=family, model_seed=draw(st.integers(*seeds)), prompts=tuple(prompts), max_new=news, track=track,
-        waves=waves, token_budget=draw(st.integers(*budgets)), block_size=block_size, cache_mode=cache_mode,
-        chunk_seed=draw(st.integers(0, 1000)) if use_chunks else None,
-        num_slots=draw(st.integers(1, max_slots)), layout=draw(st.sampled_from(layouts)),
-        decode_pad=draw(st.sampled_from(pads)))
+        family=family, model_seed=model_seed, prompts=tuple(prompts), max_new=news, track=track, waves=waves,
+        token_budget=token_budget, block_size=block_size, cache_mode=cache_mode, chunk_seed=chunk_seed,
+        num_slots=num_slots, layout=layout, decode_pad=draw(st.sampled_from(pads)), conv_layout=conv_layout)
 
 
 # The searches of the split-invariance and seeding suites (suites/scenarios/test_scen_properties.py);
@@ -248,12 +264,14 @@ def seeding_scenarios():
 @dataclass
 class RunnerFactory:
     """Builds EngineRunners for one implementation / dtype / device. ``tol_scale`` widens the dtype's
-    tolerance for model-level comparisons (errors accumulate over layers and tokens)."""
+    tolerance for model-level comparisons (errors accumulate over layers and tokens). ``check_pad_rows``:
+    the engine's op calls are checked against the pad-row contract (:func:`pad_row_checked`)."""
     impl: object
     dtype: torch.dtype = torch.float64
     device: str = "cpu"
     tol_scale: float | None = None
     extra: dict = field(default_factory=dict)
+    check_pad_rows: bool = True
 
     def __post_init__(self):
         if isinstance(self.impl, str):
@@ -263,7 +281,8 @@ class RunnerFactory:
             self.tol_scale = 1.0 if self.dtype == torch.float64 else 4.0
 
     def __call__(self, model, **kw) -> EngineRunner:
-        return EngineRunner(model, self.impl, dtype=self.dtype, device=self.device, **{**self.extra, **kw})
+        impl = pad_row_checked(self.impl) if self.check_pad_rows else self.impl
+        return EngineRunner(model, impl, dtype=self.dtype, device=self.device, **{**self.extra, **kw})
 
     @property
     def tol(self) -> Tolerance:
@@ -280,13 +299,38 @@ class Mismatch(AssertionError):
     pass
 
 
+def pad_row_checked(impl):
+    """`impl` (same name and properties) whose ops that take slot ids check after every call that the output
+    rows of the call's pad requests are exactly 0 (`harness.testing.pad_rows`): an engine hands a padded
+    CUDA-graph batch's pad rows on to the next layer's projections and all-reduce, so stale values or NaN
+    left there are a bug even though no request's result reads them. Raises Mismatch naming the op, the
+    row and its value."""
+    from harness.ops import SPECS
+    from harness.testing import assert_pad_rows_zero, pad_rows
+
+    def wrap(name, fn):
+        def op(*args, **kwargs):
+            pads = pad_rows(name, args, kwargs)
+            y = fn(*args, **kwargs)
+            try:
+                assert_pad_rows_zero(name, y, pads, context="in an engine step (pad rows go on into the next layer)")
+            except AssertionError as e:
+                raise Mismatch(str(e)) from None
+            return y
+        op.__name__ = getattr(fn, "__name__", name)
+        op.__wrapped__ = fn
+        return op
+    ops = {n: (wrap(n, fn) if n in SPECS and SPECS[n].index else fn) for n, fn in impl.ops.items()}
+    return replace(impl, ops=ops)
+
+
 def _close(name, actual, expected, tol, where: str, check=None, make_runner=None):
     if check is not None:
         impl = getattr(getattr(make_runner, "impl", None), "name", "?")
         check.close(name, actual, expected, op="engine", impl=impl, dtype=getattr(make_runner, "dtype", None),
                     tol=tol, context=where)
         return
-    c = compare(name, actual, expected, tol)
+    c = compare(name, actual, expected, tol, describe_tolerance(tol, getattr(make_runner, "dtype", None)))
     if not c.passed:
         raise Mismatch(c.message(where))
 
@@ -375,7 +419,7 @@ def check_same_results(a: dict, b: dict, case: Scenario, make_runner, what: str,
         else:
             n = len(ra.tokens)
         _close(f"{what}: request {rid!r} step logits", rb.step_logits[:n, :cfg.vocab_size_unpadded],
-               ra.step_logits[:n, :cfg.vocab_size_unpadded], tol, where)
+               ra.step_logits[:n, :cfg.vocab_size_unpadded], tol, where, make_runner=make_runner)
 
 
 def run_case(case: Scenario, make_runner, *, waves=None, order=None, **over):
@@ -397,13 +441,15 @@ def run_case(case: Scenario, make_runner, *, waves=None, order=None, **over):
 
 # Rare engine events: a property that never meets one cannot catch a bug that lives there. Each is
 # derived from what the engine did (the prefix cache's contents and hit lengths at admission, the
-# scheduler's chunks, the pad rows of the steps' metadata), not from what the strategy meant to draw.
+# scheduler's chunks, the pad rows of the steps' metadata, the conv pool's strides), not from what the strategy
+# meant to draw.
 EVENT_FAMILY = "scenario of family {family}"
 EVENT_WHOLE_PROMPT_HIT = "whole-prompt prefix-cache hit"
 EVENT_MULTI_BLOCK_HIT = "multi-block prefix-cache hit (mode {mode}, block {block})"
 EVENT_CHUNK_CROSSES_BLOCK = "prefill chunk crossing a block boundary"
 EVENT_SEEDED_THEN_CHUNKED = "request seeded from a cached prefix, then chunk-prefilled"
 EVENT_DECODE_PADS = "decode step with pad rows"
+EVENT_CHANNELS_LAST_CONV = "conv slots stored channels-last (vLLM's layout)"
 
 _RECORDERS: list = []
 
@@ -474,6 +520,9 @@ def engine_events(case: Scenario, results: dict, runner: EngineRunner, watch: _E
         events.append(EVENT_WHOLE_PROMPT_HIT)
     if watch.pad_steps:
         events.append(EVENT_DECODE_PADS)
+    conv = runner.pool.conv(0)  # channels-last: the channels, not the window's taps, are the contiguous axis
+    if conv.shape[2] > 1 and conv.stride(1) == 1 and conv.stride(2) != 1:
+        events.append(EVENT_CHANNELS_LAST_CONV)
     multi = crossing = seeded_chunked = False
     for res in results.values():
         prefills = [(start, start + n) for _, start, n, is_decode in res.steps if not is_decode]

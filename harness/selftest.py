@@ -7,7 +7,7 @@ patches (or wraps) it and restores it afterwards:
 * the mixer backend (``harness.engine.backend.MixerBackend``) and the family mixers it runs
   (``harness.engine.families``),
 * the implementation's ops (wrappers around the ``reference`` -- or ``--impl`` -- ops that mishandle
-  pad ids, dt, groups, short conv chunks or channels-last conv slots),
+  pad ids, pad rows, dt, groups, short conv chunks or channels-last conv slots),
 * a mamba_ssm-style varlen SSD on a GLOBAL chunk grid (:func:`grid_ssd_varlen`, which takes its logical
   chunks from ``harness.engine.metadata.chunk_indices_offsets``), correct or with bug class 4.
 
@@ -165,8 +165,8 @@ class Variant:
     """A deliberately broken engine: `patch()` is a context manager that breaks a real component;
     `impl(base)` gives the implementation the engine runs (default: `base`, possibly wrapped);
     `control(base)` the unbroken implementation the catch is confirmed against; `runner`: engine options
-    (harness.engine.runner.EngineRunner keyword arguments, e.g. the pool layout) of both the broken engine
-    and the control."""
+    (harness.engine.runner.EngineRunner keyword arguments) of both the broken engine and the control that the
+    scenario does not set itself (its pool and conv-slot layouts are drawn: narrow them through `strategy`)."""
     name: str
     bug_class: str
     description: str
@@ -311,6 +311,30 @@ def row_major_conv_slots(base: Impl) -> Impl:
     return with_ops(base, f"{base.name}[row-major conv slots]", **ops)
 
 
+def unwritten_pad_rows(base: Impl) -> Impl:
+    """Ops that leave the output rows of pad requests unwritten (bug class 22): whatever the output buffer
+    held stays there -- `out=`'s previous contents, or NaN without `out=` (a CUDA-graph batch buffer a
+    previous replay left NaN in). Every live row, every slot and the pads' slots are the unbroken op's, so
+    only a check of the pad rows themselves sees it."""
+    from harness.testing import pad_rows
+    ops = {}
+    for name in INDEX_ARG:
+        if name not in base.ops:
+            continue
+
+        def op(*args, name=name, fn=base.ops[name], **kwargs):
+            pads = pad_rows(name, args, kwargs)
+            out = kwargs.get("out")
+            stale = None if out is None or pads is None else out[pads.to(out.device)].clone()
+            y = fn(*args, **kwargs)
+            if pads is not None:
+                y[pads.to(y.device)] = stale if stale is not None else float("nan")
+            return y
+        op.__name__ = f"broken_{name}"
+        ops[name] = op
+    return with_ops(base, f"{base.name}[pad rows unwritten]", **ops)
+
+
 def _grid(base: Impl, bug: bool) -> Impl:
     fn = grid_ssd_varlen if not bug else (lambda *a, **k: grid_ssd_varlen(*a, **k, _bug_cumsum_at_chunk_start=True))
     return with_ops(base, f"{base.name}+grid_ssd" + ("[cumsum at chunk start]" if bug else ""), ssd_varlen=fn)
@@ -413,7 +437,10 @@ VARIANTS = [
     Variant("dt_bias_twice", "10", "decode adds dt_bias twice", impl=lambda b: _dt_decode(b, "bias_twice")),
     Variant("dt_softplus_twice", "10", "decode applies softplus twice", impl=lambda b: _dt_decode(b, "softplus")),
     Variant("conv_row_major_slots", "19", "conv ops address conv-state slots row-major; the engine keeps them "
-            "channels-last as vLLM does", impl=row_major_conv_slots, runner=dict(conv_channels_last=True)),
+            "channels-last as vLLM does", impl=row_major_conv_slots, strategy=dict(conv_layouts=("channels_last",))),
+    Variant("pad_rows_unwritten", "22", "ops leave the output rows of pad requests unwritten (NaN, as a "
+            "CUDA-graph batch buffer may hold); live rows and every slot are right", impl=unwritten_pad_rows,
+            strategy=dict(pads=(4,), min_new=2)),
     Variant("falcon_norms_missing", "11", "Falcon-Mamba B/C/dt RMSNorm missing",
             patch=lambda: _falcon_norm("missing"), strategy=dict(families=("falcon_mamba",))),
     Variant("falcon_norms_wrong_eps", "11", "Falcon-Mamba B/C/dt RMSNorm with the layer norm's eps (1e-5) "

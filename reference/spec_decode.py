@@ -14,7 +14,8 @@ for reading and writing):
 * ``num_accepted_tokens`` (int, (Bsz,), each in 1..S): how many positions of the row's previous step
   were accepted. The row starts from the state in slot ``state_indices[b, num_accepted_tokens[b] - 1]``
   (the state after the last accepted token). A row with no tokens, or whose initial slot is
-  ``pad_slot_id``, is padding: nothing of it is read or written, its outputs are unspecified (zeros here).
+  ``pad_slot_id``, is padding: nothing of it is read or written, and its output rows are zero
+  (``reference.pads``).
 * Every read happens before any write: a row may write position j's state into the slot it started
   from. Slots not written (including a start slot at a position >= T_b, and every slot the table does
   not name) keep their contents.

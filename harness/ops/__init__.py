@@ -16,9 +16,13 @@ Conventions for every op
 * `cache_indices[i]` (prefill) / `*_indices[b]` (decode) names the pool slot of sequence i / batch
   row b. `has_initial_state[i]` (bool): read the slot as the initial state, else start from zeros.
   After the op, the slot holds the sequence's final state. A request whose index equals
-  `pad_slot_id` (default PAD_SLOT_ID = -1) is padding: its slot is neither read nor written, its
-  output rows are unspecified (suites don't compare them). Slots not named by the batch are left
-  bit-for-bit unchanged.
+  `pad_slot_id` (default PAD_SLOT_ID = -1) is padding: its slot is neither read nor written, and
+  every output row it owns is exactly zero (a decode op's row b; a varlen op's tokens of request i;
+  a multi-token decode's tokens of a padding row -- `reference.pads`). Engines pad CUDA-graph batches
+  this way and hand the pad rows on to the next layer's projections and all-reduce, so a kernel that
+  leaves them unwritten (a reused buffer's stale values, NaN) corrupts later layers: the op suites
+  poison `out=` with NaN and require the pad rows to be 0 afterwards. Slots not named by the batch are
+  left bit-for-bit unchanged.
 * `out=`: an optional preallocated output (suites poison it with NaN before the call); the op writes
   into it and returns it. Without `out`, a new tensor is returned.
 * Inputs are read-only: an op writes only its state pool (`*_states`, the named slots) and `out=`.

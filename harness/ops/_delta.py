@@ -77,6 +77,7 @@ def reference_varlen(kind, cd, q, k, v, g, beta, ssm_states, query_start_loc, ca
     y, final = fn(up(q, cd), up(k, cd), up(v, cd), up(g, cd), up(beta, cd), scale=scale,
                   use_qk_l2norm=use_qk_l2norm, cu_seqlens=query_start_loc.cpu().long(), initial_states=init)
     _ref.scatter(ssm_states, idx, final)
+    _ref.zero_pads(y, idx, query_start_loc)
     return _ref.emit(y, v, out)
 
 
@@ -92,6 +93,7 @@ def reference_update(kind, cd, q, k, v, g, beta, ssm_states, state_indices, *, s
     y, new = fn(up(q, cd), up(k, cd), up(v, cd), up(g, cd), up(beta, cd), st, scale=scale,
                 use_qk_l2norm=use_qk_l2norm)
     _ref.scatter(ssm_states, idx, new)
+    _ref.zero_pads(y, idx)
     return _ref.emit(y, v, out)
 
 

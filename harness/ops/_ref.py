@@ -2,8 +2,8 @@
 
 The reference ops of `reference/` take per-sequence initial states and return final states; these
 helpers gather the named slots (zeros where a request has no initial state or is padding), scatter the
-final states back (pads untouched), and emit the output into `out=` or in the activations' dtype
-(float64 while the oracle evaluates).
+final states back (pads untouched), zero the output rows of pad requests, and emit the output into `out=`
+or in the activations' dtype (float64 while the oracle evaluates).
 """
 from __future__ import annotations
 
@@ -48,6 +48,17 @@ def scatter(pool, idx, final):
     for i, s in enumerate(idx):
         if s != PAD_SLOT_ID:
             pool[s] = final[i].to(pool.dtype)
+
+
+def zero_pads(y, idx, query_start_loc=None):
+    """`y` with the rows pad requests own set to zero, in place (`idx` from `slot_list`; with
+    `query_start_loc` a varlen op's request i owns its tokens, else a decode op's request b owns row b):
+    the pad-row contract of `harness.ops`, defined by `reference.pads`."""
+    from reference.pads import pad_row_mask, zero_pad_rows
+    if PAD_SLOT_ID not in idx:
+        return y
+    cu = None if query_start_loc is None else query_start_loc.detach().to("cpu", torch.int64)
+    return zero_pad_rows(y, pad_row_mask(idx, PAD_SLOT_ID, cu, y.shape[0]))
 
 
 def emit(y, like, out):

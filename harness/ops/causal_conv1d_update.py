@@ -3,7 +3,8 @@
 causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices,
                      *, activation=None, pad_slot_id=PAD_SLOT_ID, out=None) -> y
     x (B, D): one token per row; weight (D, K); bias (D,) | None; conv_states (num_slots, D, K-1),
-    the named slots shifted by one token in place.
+    the named slots shifted by one token in place. A pad row (conv_state_indices[b] == pad_slot_id)
+    reads and writes no slot and gets y[b] = 0.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def reference(cd, x, conv_states, weight, bias, conv_state_indices, *, activatio
     up = _ref.up
     y, new = causal_conv1d_update(up(x, cd), st, up(weight, cd), up(bias, cd), activation=activation)
     _ref.scatter(conv_states, idx, new)
+    _ref.zero_pads(y, idx)
     return _ref.emit(y, x, out)
 
 

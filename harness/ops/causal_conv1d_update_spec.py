@@ -7,8 +7,8 @@ causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_st
     conv_state_indices (Bsz, num_spec + 1): slot of row b's conv state after its position j (the last K-1
     inputs up to and including that token; pad_slot_id: not written); live ids distinct over the table.
     num_accepted_tokens (Bsz,), each in 1..num_spec + 1: row b starts from slot
-    conv_state_indices[b, num_accepted_tokens[b] - 1], read before anything is written. Padding rows and
-    untouched slots as in selective_state_update_spec. Semantics: reference.spec_decode. (vLLM's
+    conv_state_indices[b, num_accepted_tokens[b] - 1], read before anything is written. Padding rows (their
+    tokens get y = 0) and untouched slots as in selective_state_update_spec. Semantics: reference.spec_decode. (vLLM's
     causal_conv1d_update with num_accepted_tokens keeps one wider slot of K-1+num_spec columns and slides
     over it instead; the states hold the same inputs.)
 """

@@ -5,7 +5,8 @@ causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indice
     x (T, D); weight (D, K), 2 <= K <= 8; bias (D,) | None; conv_states (num_slots, D, K-1);
     activation None | "silu". Per sequence: y = act(bias + causal depthwise conv of x with the carried
     window); the slot receives the last K-1 inputs (oldest first; from the initial window where the
-    sequence is shorter than K-1).
+    sequence is shorter than K-1). A pad request (cache_indices[i] == pad_slot_id) reads and writes no
+    slot and its tokens get y = 0.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ def reference(cd, x, weight, bias, conv_states, query_start_loc, cache_indices, 
     y, final = causal_conv1d(up(x, cd), up(weight, cd), up(bias, cd), activation=activation,
                              cu_seqlens=query_start_loc.cpu().long(), initial_states=init)
     _ref.scatter(conv_states, idx, final)
+    _ref.zero_pads(y, idx, query_start_loc)
     return _ref.emit(y, x, out)
 
 

@@ -3,7 +3,8 @@
 gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices,
                         *, scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None) -> o (B, Hv, V)
     q, k (B, Hk, K); v (B, Hv, V); g, beta (B, Hv); ssm_states (num_slots, Hv, V, K): the slot of row b
-    takes one step of the recurrence of gated_delta_rule_varlen, in place.
+    takes one step of the recurrence of gated_delta_rule_varlen, in place. A pad row (state_indices[b] ==
+    pad_slot_id) reads and writes no slot and gets o[b] = 0.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_ind
     q, k L2-normalised over K if use_qk_l2norm (x / sqrt(sum x^2 + 1e-6)), q *= scale (None = K ** -0.5);
     S <- exp(g) S;  u = beta (v - S k);  S <- S + u k^T;  o = S q.
     Any g (a positive g grows the state) and beta are admitted; the op is exact for any chunking.
+    A pad request (cache_indices[i] == pad_slot_id) reads and writes no slot and its tokens get o = 0.
 """
 from __future__ import annotations
 

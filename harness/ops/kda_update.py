@@ -3,6 +3,7 @@
 kda_update(q, k, v, g, beta, ssm_states, state_indices,
            *, scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None) -> o (B, H, V)
     q, k (B, H, K); v (B, H, V); g (B, H, K); beta (B, H); the slot of row b takes one step in place.
+    A pad row (state_indices[b] == pad_slot_id) reads and writes no slot and gets o[b] = 0.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_ini
            *, scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None) -> o (T, H, V)
     As gated_delta_rule_varlen with one head count H for q, k and v, and g (T, H, K): one log-decay per key
     channel, S <- S diag(exp(g)). ssm_states (num_slots, H, V, K), value-major (engines keep it in fp32).
+    A pad request (cache_indices[i] == pad_slot_id) reads and writes no slot and its tokens get o = 0.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ selective_scan_varlen(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_sta
                       has_initial_state, *, delta_softplus=True, pad_slot_id=PAD_SLOT_ID, out=None) -> y
     u, delta (T, Dm); A (Dm, N); B, C (T, G, N) with G | Dm (channel d uses group d // (Dm // G));
     D (Dm,) | None; z (T, Dm) | None; delta_bias (Dm,) | None; ssm_states (num_slots, Dm, N).
+    A pad request (cache_indices[i] == pad_slot_id) reads and writes no slot and its tokens get y = 0.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def reference(cd, u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_l
                               up(z, cd), delta_bias=up(delta_bias, cd), delta_softplus=delta_softplus,
                               cu_seqlens=query_start_loc.cpu().long(), initial_states=init)
     _ref.scatter(ssm_states, idx, final)
+    _ref.zero_pads(y, idx, query_start_loc)
     return _ref.emit(y, u, out)
 
 

@@ -7,6 +7,7 @@ selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices
       Mamba-2: state (num_slots, H, P, N); x, z (B, H, P); dt (B, H); A (H,); B, C (B, G, N) with
                G | H (head h uses group h // (H // G)); D (H,) or (H, P); dt_bias (H,).
     dt_limit clamps dt after bias and softplus (Mamba-2's time_step_limit).
+    A pad row (state_batch_indices[b] == pad_slot_id) reads and writes no slot and gets y[b] = 0.
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ def reference(cd, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, *, 
                                   up(z, cd), dt_bias=up(dt_bias, cd), dt_softplus=dt_softplus,
                                   dt_limit=tuple(dt_limit))
     _ref.scatter(state, idx, new)
+    _ref.zero_pads(y, idx)
     return _ref.emit(y, x, out)
 
 

@@ -11,7 +11,7 @@ selective_state_update_spec(state, x, dt, A, B, C, D, z, dt_bias, query_start_lo
     num_accepted_tokens (Bsz,), each in 1..num_spec + 1: row b starts from the state in slot
     state_batch_indices[b, num_accepted_tokens[b] - 1] (the state after its last accepted token of the
     previous step), read before anything is written. A row without tokens, or whose start slot is
-    pad_slot_id, is padding (nothing read or written, outputs unspecified). Slots not written keep their
+    pad_slot_id, is padding (nothing read or written, its tokens get y = 0). Slots not written keep their
     contents. Semantics: reference.spec_decode (vLLM's selective_state_update with num_accepted_tokens,
     cu_seqlens and dst_state_batch_indices == state_batch_indices).
 """

@@ -5,6 +5,7 @@ ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_lo
     Sequences may start anywhere inside a chunk of the packed stream.
     x (T, H, P); dt (T, H); A (H,); B, C (T, G, N); D (H,) or (H, P) | None; z (T, H, P) | None
     (y *= silu(z)); dt_bias (H,) | None; ssm_states (num_slots, H, P, N).
+    A pad request (cache_indices[i] == pad_slot_id) reads and writes no slot and its tokens get y = 0.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def reference(cd, x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_s
                         dt_bias=up(dt_bias, cd), dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
                         cu_seqlens=query_start_loc.cpu().long(), initial_states=init)
     _ref.scatter(ssm_states, idx, final)
+    _ref.zero_pads(y, idx, query_start_loc)
     return _ref.emit(y, x, out)
 
 

@@ -1,5 +1,5 @@
 """Helpers the op suites share: state pools (contiguous, page-major or channels-last strided views),
-slot choice, and the untouched-slot check.
+slot choice, the untouched-slot check and the pad-row check.
 
 A page-major pool mimics an engine that keeps all of a slot's layers in one page: the pool is a view
 into a larger buffer whose slot stride exceeds the slot's numel, so kernels that ignore strides fail.
@@ -67,6 +67,58 @@ def assert_untouched(pool_before: torch.Tensor, pool_after: torch.Tensor, live_s
     for s in range(pool_before.shape[0]):
         if s not in live:
             assert_bitwise_equal(f"{name}[{s}] (slot not named by the batch)", pool_after[s], pool_before[s])
+
+
+def pad_rows(op: str, args, kwargs: dict) -> torch.Tensor | None:
+    """For a call `op(*args, **kwargs)` of an op of `harness.ops` with slot ids, the output rows that pad
+    requests own (a bool mask on the host, one entry per output row; `reference.pads`): a decode op's rows
+    whose slot id is the pad id, a varlen op's tokens of pad requests, a multi-token decode's tokens of its
+    padding rows. None when the op takes no slot ids or the call has no pad row."""
+    from harness.ops import SPECS
+    from reference.pads import pad_row_mask
+    sp = SPECS.get(op)
+    if sp is None or sp.index is None:
+        return None
+    a = dict(zip(sp.args, args))
+    a.update(kwargs)
+    pad = a.get("pad_slot_id", PAD_SLOT_ID)
+    idx = a[sp.index].detach().cpu()
+    if idx.dim() == 2:  # a multi-token decode: rows over query_start_loc, a slot table per row
+        from reference.spec_decode import spec_rows
+        qsl = a["query_start_loc"].detach().cpu()
+        T = int(qsl[-1])
+        rows = spec_rows(qsl, idx, a["num_accepted_tokens"].detach().cpu(), T, a[sp.pool].shape[0], pad, sp.index)
+        mask = [False] * T
+        for start, end, init, _ in rows:
+            if init == pad:
+                mask[start:end] = [True] * (end - start)
+    elif "query_start_loc" in a:
+        qsl = a["query_start_loc"].detach().to("cpu", torch.int64)
+        mask = pad_row_mask(idx, pad, qsl, int(qsl[-1]))
+    else:
+        mask = pad_row_mask(idx, pad)
+    if not any(mask):
+        return None
+    return torch.tensor(mask, dtype=torch.bool)
+
+
+def assert_pad_rows_zero(op: str, y: torch.Tensor, mask: torch.Tensor | None, name: str = "y",
+                         context: str = "") -> None:
+    """The rows of `y` in `mask` (see `pad_rows`) are exactly zero (the op contract: a pad request's output
+    rows are 0, not left unwritten); a NaN there fails too."""
+    if mask is None or not bool(mask.any()):
+        return
+    rows = mask.nonzero().flatten().tolist()
+    got = y.detach()[torch.tensor(rows, device=y.device)].cpu().reshape(len(rows), -1)
+    bad = (got != 0).any(dim=1)  # NaN != 0
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0])
+        row = got[k]
+        value = float(row[(row != 0).nonzero()[0]])
+        n = int(bad.sum())
+        raise AssertionError(f"{op}: pad rows of {name} must be zero: row {rows[k]} has {value!r}"
+                             + (f" ({n} of the {len(rows)} pad rows are not)" if n > 1 else "")
+                             + (f". {context}" if context else ""))
 
 
 # Reasons of the examples an implementation declined in the running test (set by the plugin per test call).

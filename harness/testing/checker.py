@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.testing.checks import Tolerance, compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, describe_tolerance, tolerance_for
 
 
 def _shapes(shapes):
@@ -26,7 +26,8 @@ class Checker:
         implementation under test or its name (an Impl object carries its fp32 precision, see below).
 
         Writes a `comparison` record when a results file is open, then fails with a message naming
-        what was compared, where it differs, the tolerance and how to reproduce.
+        what was compared, where it differs, the tolerance and why it applies (the dtype's policy, a widening
+        by the check, or TF32 matmul for fp32 inputs) and how to reproduce.
         """
         dtype = dtype or actual.dtype
         tol = tol or tolerance_for(dtype)
@@ -36,7 +37,7 @@ class Checker:
             loose = tolerance_for(torch.float16)
             tol = Tolerance(max(tol.atol, loose.atol), max(tol.rtol, loose.rtol), max(tol.ratio, loose.ratio))
             context = (context + "; " if context else "") + f"TF32 tolerance: {impl} multiplies fp32 in TF32"
-        c = compare(name, actual, expected, tol)
+        c = compare(name, actual, expected, tol, describe_tolerance(tol, dtype, impl if tf32 else None))
         self.count += 1
         if self.writer is not None:
             self.writer.write(

@@ -45,6 +45,29 @@ def tolerance_for(dtype: torch.dtype, scale: float = 1.0) -> Tolerance:
     return Tolerance(t.atol * scale, t.rtol * scale, t.ratio * scale)
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def describe_tolerance(tol: Tolerance, dtype: torch.dtype | None, tf32: str | None = None) -> str:
+    """Why a comparison uses `tol`, for failure messages: the dtype's policy (`POLICY`), widened by a factor,
+    or a tolerance of the check's own; `tf32` (the implementation's name) when an fp32 case is judged at
+    TF32's precision because the implementation multiplies fp32 inputs in TF32."""
+    if tf32:
+        return f"TF32 matmul for fp32 inputs: {tf32} multiplies fp32 in TF32, judged at (at least) the float16 policy"
+    base = POLICY.get(dtype)
+    if base is None:
+        return "a tolerance the check sets" + (f" (dtype {_dtype_name(dtype)})" if dtype is not None else "")
+    name = _dtype_name(dtype)
+    if tol == base:
+        return f"the {name} policy"
+    k = tol.atol / base.atol
+    if k > 0 and all(abs(t / b - k) <= 1e-9 * k for t, b in ((tol.rtol, base.rtol), (tol.ratio, base.ratio))):
+        return f"the {name} policy widened {k:g}x by the check"
+    return f"a tolerance the check sets for {name} (its policy: atol={base.atol:g} rtol={base.rtol:g} " \
+           f"ratio={base.ratio:g})"
+
+
 @dataclass
 class Comparison:
     name: str
@@ -58,12 +81,14 @@ class Comparison:
     tol: Tolerance
     passed: bool
     reason: str
+    why: str = ""  # why this tolerance (`describe_tolerance`), named in the message
 
     def message(self, context: str = "", reproduce: str = "") -> str:
         lines = [f"{self.name}: {self.reason}",
                  f"  shape {self.shape}, max |a-b| = {self.max_abs_err:.3e}, "
                  f"||a-b||/||b|| = {self.err_ratio:.3e}",
-                 f"  tolerance atol={self.tol.atol:g} rtol={self.tol.rtol:g} ratio={self.tol.ratio:g}"]
+                 f"  tolerance atol={self.tol.atol:g} rtol={self.tol.rtol:g} ratio={self.tol.ratio:g}"
+                 + (f" ({self.why})" if self.why else "")]
         if self.worst_index is not None:
             lines.append(f"  worst at index {self.worst_index}: actual {self.worst_actual!r}, "
                          f"expected {self.worst_expected!r}")
@@ -74,17 +99,18 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
+def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, why: str = "") -> Comparison:
     """Compare `actual` with the reference `expected`; never raises on mismatch (`harness.testing.checker.Checker.close`
-    records and asserts)."""
+    records and asserts). `why`: why `tol` applies (`describe_tolerance`), for the message."""
     if tuple(actual.shape) != tuple(expected.shape):
         return Comparison(name, tuple(actual.shape), float("inf"), float("inf"), None, None, None, 0, tol,
-                          False, f"shape mismatch: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}")
+                          False, f"shape mismatch: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}",
+                          why)
     a = actual.detach().to("cpu", torch.float64)
     b = expected.detach().to("cpu", torch.float64)
     shape = tuple(a.shape)
     if a.numel() == 0:
-        return Comparison(name, shape, 0.0, 0.0, None, None, None, 0, tol, True, "empty")
+        return Comparison(name, shape, 0.0, 0.0, None, None, None, 0, tol, True, "empty", why)
     fin_a = torch.isfinite(a)
     fin_b = torch.isfinite(b)
     nonfinite = int((~fin_a).sum())
@@ -109,7 +135,7 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolera
     else:
         reason, ok = "ok", True
     return Comparison(name, shape, max_abs, ratio, idx, float(actual.reshape(-1)[flat].double()),
-                      float(b.reshape(-1)[flat]), nonfinite, tol, ok, reason)
+                      float(b.reshape(-1)[flat]), nonfinite, tol, ok, reason, why)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,12 @@ Generic pieces (usable for any op of `harness.ops`):
 * `coarser(*dtypes)`: the dtype with the loosest tolerance policy (for pools kept in another dtype).
 * `run_pool_case(check, impl, op, args, kwargs, pool_pos=..., live_slots=..., y_mask=..., ...)`:
   poisons `out=` with NaN, snapshots the pool, calls `impl.op(op)(*args, out=..., **kwargs)`, then
-  (1) the op returned `out`; (2) y on the rows of `y_mask` matches the float64 `oracle`; (3) every live
-  slot matches the oracle's pool; (4) every other slot (pads' too) is bitwise unchanged. Returns
-  (y, pool_after) for further checks (e.g. layout agreement).
+  (1) the op returned `out`; (2) y on the rows of `y_mask` matches the float64 `oracle`; (3) the rows pad
+  requests own are exactly 0 (`harness.testing.pad_rows`: the NaN poured into `out=` must be overwritten,
+  "pad rows of y must be zero: row i has nan" otherwise); (4) every live slot matches the oracle's pool;
+  (5) every other slot (pads' too) is bitwise unchanged. Returns (y, pool_after) for further checks (e.g.
+  layout agreement).
+* `check_pad_rows(op, y, args, kwargs)`: (3) alone, for suites that call an op their own way.
 * `snapshot_inputs(op, args, kwargs, skip=...)` / `assert_inputs_unchanged(snapshot)`: copies of every tensor
   argument but the pool and `out=`, and the check that the op left each bit for bit unchanged (the op
   contract: an op writes only its pool and `out=`); `run_pool_case` and `run_isolation_case` apply it
@@ -37,7 +40,7 @@ import torch
 
 from harness.testing.checks import POLICY, assert_bitwise_equal, poison_, tolerance_for
 from harness.impls.reference_impl import oracle
-from harness.testing import make_pool
+from harness.testing import assert_pad_rows_zero, make_pool, pad_rows
 
 HALF = (torch.float16, torch.bfloat16)
 ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -138,6 +141,12 @@ def read_only_inputs(op: str, fn):
     return call
 
 
+def check_pad_rows(op: str, y: torch.Tensor, args, kwargs: dict, name: str = "y", context: str = "") -> None:
+    """The output rows of the pad requests of the call `op(*args, **kwargs)` that returned `y` are exactly 0
+    (the op contract; see `harness.testing.pad_rows`). Call it on the arguments as they were passed."""
+    assert_pad_rows_zero(op, y, pad_rows(op, args, kwargs), name, context)
+
+
 def run_pool_case(check, impl, op: str, args: list, kwargs: dict, *, pool_pos: int | None, live_slots,
                   y_mask: torch.Tensor | None, dtype: torch.dtype, pool_dtype: torch.dtype | None = None,
                   seed=None, shapes=None, scale: float = 1.0, out_like: torch.Tensor | None = None,
@@ -171,9 +180,11 @@ def _run_pool_case(check, impl, op, args, kwargs, *, pool_pos, live_slots, y_mas
     before = pool.clone() if pool is not None else None
     y_ref, pool_ref = oracle(op, *args, **kwargs)
     inputs = snapshot_inputs(op, args, kwargs, skip=(pool_pos,))
+    pads = pad_rows(op, args, kwargs)
     y = impl.op(op)(*args, out=out, **kwargs)
     assert_inputs_unchanged(op, inputs, tag)
     assert y is out, f"{op}: expected the op to return the `out=` tensor it was given, got another tensor"
+    assert_pad_rows_zero(op, y, pads, f"y{tag}", "out= was filled with NaN before the call")
     tol = tolerance_for(dtype, scale)
     m = y_mask if y_mask is not None else torch.ones(y.shape[0], dtype=torch.bool)
     m = m.to(y.device)
@@ -292,16 +303,20 @@ def run_isolation_case(check, impl, op: str, clean: list, poison: list, kwargs: 
     """Run `op` on the argument lists `clean` and `poison` (the same batch, `poison` with non-finite values
     planted where they must not spread; each list holds its own pool, at `pool_pos`) and check that the
     poisoned run's output rows `keep_rows` (bool mask) and slots `keep_slots` equal the clean run's (close
-    under the dtype's policy: a NaN or inf where the clean run is finite fails), and that its slots
-    `untouched_slots` (not named by the batch, or pads') stay bitwise unchanged. `what` describes the
+    under the dtype's policy: a NaN or inf where the clean run is finite fails), that its slots
+    `untouched_slots` (not named by the batch, or pads') stay bitwise unchanged, and that both runs' pad rows
+    are exactly 0 (even where the poison sits in a pad request's own tokens). `what` describes the
     poison in failure messages. Returns (y_clean, y_poisoned)."""
     pool_p = poison[pool_pos]
     before = pool_p.clone()
     snaps = [snapshot_inputs(op, a, kwargs, skip=(pool_pos,)) for a in (clean, poison)]
+    pads = pad_rows(op, clean, kwargs)
     y_c = impl.op(op)(*clean, **kwargs)
     y_p = impl.op(op)(*poison, **kwargs)
     for snap, which in zip(snaps, ("clean run", "poisoned run")):
         assert_inputs_unchanged(op, snap, which)
+    assert_pad_rows_zero(op, y_c, pads, "y (clean run)")
+    assert_pad_rows_zero(op, y_p, pads, "y (poisoned run)", f"poison: {what}" if what else "")
     m = keep_rows.to(y_c.device)
     tol = tolerance_for(dtype)
     ctx = f"poison: {what}" if what else ""

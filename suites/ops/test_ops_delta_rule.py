@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from harness import ops as DC
 from harness.testing.checks import assert_bitwise_equal, poison_, tolerance_for
-from harness.testing.optest import ALL_DTYPES, coarser, interp_small, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
+from harness.testing.optest import ALL_DTYPES, check_pad_rows, coarser, interp_small, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
 from reference.testing import cu_seqlens_from, gen
 from harness.impls.torch import delta_rule as TD
 from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool, strict_op
@@ -95,7 +95,8 @@ def chunk_size(kind, cs, impl=None):
 
 def run_case(check, kind, op, oracle, args, kw, *, pool_pos, live_slots, y_mask, dtype, seed, shapes, impl):
     """Call `fn` with a NaN-poisoned `out=`: it returns `out`; o on `y_mask` rows and the live slots match
-    the float64 oracle; every other slot (pads' too) is bitwise unchanged."""
+    the float64 oracle; the pads' rows of o are 0 (`check_pad_rows`); every other slot (pads' too) is bitwise
+    unchanged."""
     pool = args[pool_pos]
     before = pool.clone()
     out = poison_(torch.empty_like(args[2]))
@@ -103,6 +104,7 @@ def run_case(check, kind, op, oracle, args, kw, *, pool_pos, live_slots, y_mask,
     name, fn = op
     o = fn(*args, out=out, **kw)
     assert o is out, f"{kind}: expected the op to return the `out=` tensor it was given"
+    check_pad_rows(name, o, args, kw, "o", "out= was filled with NaN before the call")
     m = y_mask.to(o.device)
     check.close(f"{name}.o", o[m], o_ref.to(o.device)[m], op=name, impl=impl.name, dtype=dtype, shapes=shapes,
                 seed=seed)

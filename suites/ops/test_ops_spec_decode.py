@@ -9,7 +9,7 @@ random number of its positions is accepted. Per step:
     compute dtype (the pool holds the compute dtype, so both keep the same precision between tokens;
     vectorised kernels may round differently for another batch size);
   * every slot the step does not write (unnamed slots, slots past a row's tokens, padding rows' slots) is
-    bit for bit unchanged;
+    bit for bit unchanged, and the padding rows' tokens get y = 0 in a NaN-filled `out=`;
 and at the end each request's final state and its accepted tokens' outputs match float64 plain decoding
 (the reference's one-token op) over the accepted tokens only.
 """
@@ -20,9 +20,9 @@ import torch
 
 from harness.impls.reference_impl import oracle
 from harness.ops import PAD_SLOT_ID, SPECS
-from harness.testing import CONV_LAYOUTS, LAYOUTS, make_pool
+from harness.testing import CONV_LAYOUTS, LAYOUTS, make_pool, pad_rows
 from harness.testing.checks import Tolerance, assert_bitwise_equal, compare, poison_, tolerance_for
-from harness.testing.optest import interp_small, randn, require
+from harness.testing.optest import check_pad_rows, interp_small, randn, require
 from reference.testing import gen
 
 KINDS = ("mamba1", "mamba2", "conv")
@@ -125,6 +125,7 @@ def test_spec_decode_is_plain_decode_of_accepted_tokens(impl, device, kind, dtyp
         out = poison_(torch.empty_like(t["x"]))
         y = sp.call(fn, {**kw, "out": out})
         assert y is out, f"{ctx}: the op must return out="
+        check_pad_rows(op, y, [], kw, context=f"{ctx} step {step}; out= was filled with NaN before the call")
 
         # position by position: the one-token op from the same start states, on a scratch pool
         ulps = _ulps(cd, float(y.detach().abs().max()) if T else 0.0)
@@ -178,7 +179,8 @@ def test_spec_decode_is_plain_decode_of_accepted_tokens(impl, device, kind, dtyp
 @pytest.mark.parametrize("kind", KINDS)
 def test_padding_rows_and_empty_rows_touch_nothing(impl, device, kind):
     """A row whose start slot is the pad id, and a row without tokens, write no slot; an all-padding batch
-    leaves the whole pool bit for bit unchanged."""
+    leaves the whole pool bit for bit unchanged, and the padding row's tokens get y = 0 in a NaN-filled
+    `out=`."""
     op = SPEC_OP[kind]
     require(impl, op, torch.float32, device)
     sp = SPECS[op]
@@ -192,5 +194,7 @@ def test_padding_rows_and_empty_rows_touch_nothing(impl, device, kind):
     kw = {**params, **t, sp.pool: pool, sp.index: table, **opts,
           "query_start_loc": torch.tensor([0, 3, 3], dtype=torch.int32, device=device),
           "num_accepted_tokens": torch.tensor([2, 1], dtype=torch.int32, device=device)}
-    sp.call(impl.op(op), kw)
+    y = sp.call(impl.op(op), {**kw, "out": poison_(torch.empty_like(t["x"]))})
     assert_bitwise_equal(f"{impl.name} {op}: pool after a batch of padding rows", pool, before)
+    assert pad_rows(op, [], kw).tolist() == [True] * 3
+    check_pad_rows(op, y, [], kw, context=f"{impl.name}; out= was filled with NaN before the call")

@@ -15,7 +15,7 @@ import torch
 import triton.language as tl
 
 from harness.testing.checks import assert_bitwise_equal, poison_
-from harness.testing.optest import rand, randn, require
+from harness.testing.optest import check_pad_rows, rand, randn, require
 from reference.testing import gen
 from harness.impls.reference_impl import oracle
 
@@ -55,6 +55,7 @@ def _check(check, impl, name, fn_args, kw, buf, pool, slots, *, out=None, shapes
         out = poison_(torch.empty_like(fn_args[2]))
     o = impl.op(name)(*fn_args, pool, idx, out=out, **kw)
     assert o is out, f"{name}: expected the op to return the `out=` tensor it was given"
+    check_pad_rows(name, o, [*fn_args, pool, idx], kw, "o")
     pad = kw.get("pad_slot_id", -1)
     live_rows = torch.tensor([s != pad for s in slots])
     live = sorted(s for s in slots if s != pad)

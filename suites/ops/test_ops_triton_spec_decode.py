@@ -18,6 +18,7 @@ from harness.impls.reference_impl import oracle
 from harness.ops import PAD_SLOT_ID, SPECS
 from harness.testing import make_pool
 from harness.testing.checks import assert_bitwise_equal, compare, poison_, tolerance_for
+from harness.testing.optest import check_pad_rows
 from reference.testing import gen
 
 # rows: (token count, num_accepted_tokens, pad positions in the row's slots, padding row: start slot pad)
@@ -72,6 +73,7 @@ def _check(impl, op, kw, table, qsl, dtype, ctx):
     out = poison_(torch.empty_like(kw["x"]))
     y = sp.call(impl.op(op), {**kw, "out": out})
     assert y is out, f"{ctx}: the op must return out="
+    check_pad_rows(op, y, [], kw, context=f"{ctx}; out= was filled with NaN before the call")
     tol = tolerance_for(dtype, scale=2.0)
     written = set()
     for b, (n, acc, _, _) in enumerate(ROWS):

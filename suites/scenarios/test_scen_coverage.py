@@ -3,8 +3,9 @@
 A property holds vacuously where its search never goes: a seeding bug that needs a hit of two blocks, or a
 chunk that crosses a block boundary, escapes a search that never draws one. The scenario runner reports
 what each engine run actually did (``harness.scenarios.engine_events``: the prefix cache's contents and
-hit lengths at admission, the scheduler's chunks, the pad rows of the steps); this suite runs the
-seeding and split-invariance searches with a fixed derandomized budget and requires every event below.
+hit lengths at admission, the scheduler's chunks, the pad rows of the steps, the conv pool's layout); this
+suite runs the seeding and split-invariance searches with a fixed derandomized budget and requires every
+event below.
 """
 from collections import Counter
 from dataclasses import replace
@@ -26,13 +27,14 @@ SEARCH = settings(derandomize=True, database=None, deadline=None, phases=[Phase.
 def required_events() -> list[str]:
     """Every family; a multi-block hit in every caching mode and block size the seeding search draws
     (those are all the modes and block sizes any scenario search draws); a whole-prompt hit, a prefill
-    chunk crossing a block boundary, a seeded request then chunk-prefilled, a decode step with pad rows."""
+    chunk crossing a block boundary, a seeded request then chunk-prefilled, a decode step with pad rows, conv
+    slots stored channels-last."""
     kw = sc.SEEDING_SEARCH
     return ([sc.EVENT_FAMILY.format(family=f) for f in sc.FAMILIES]
             + [sc.EVENT_MULTI_BLOCK_HIT.format(mode=m, block=b) for m in sorted(set(kw["modes"]) - {"none"})
                for b in sorted(set(kw["block_sizes"]))]
             + [sc.EVENT_WHOLE_PROMPT_HIT, sc.EVENT_CHUNK_CROSSES_BLOCK, sc.EVENT_SEEDED_THEN_CHUNKED,
-               sc.EVENT_DECODE_PADS])
+               sc.EVENT_DECODE_PADS, sc.EVENT_CHANNELS_LAST_CONV])
 
 
 def search_events() -> Counter:

@@ -6,6 +6,7 @@
   initial window, so the adapter builds that window itself.
 * causal_conv1d_update <- causal_conv1d_update(x, conv_state, weight, bias, activation,
   conv_state_indices=...) on the live rows only (pads are filtered out here).
+The peer never sees a pad request, so the adapter stores y = 0 over the pad requests' rows (the op contract).
 Declined (NotImplementedError, the peer's own checks): widths outside 2..4; varlen with a channel count
 not divisible by 8 (its channel-last path); update with a pool dtype other than x's.
 """
@@ -40,6 +41,9 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     hi = has_initial_state.detach().cpu().tolist()
     q = query_start_loc.detach().cpu().tolist()
     y = out if out is not None else torch.empty_like(x)
+    for i in range(S):
+        if idx[i] == pad_slot_id:
+            y[q[i]:q[i + 1]] = 0  # a pad request's tokens
     for i in live:
         a, b = q[i], q[i + 1]
         init = conv_states[idx[i]].to(x.dtype) if hi[i] else torch.zeros((D, K - 1), dtype=x.dtype, device=x.device)
@@ -66,6 +70,9 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     upd = import_peer("causal_conv1d").causal_conv1d_update
     idx, live = host_slots(conv_state_indices, pad_slot_id)
     y = out if out is not None else torch.empty_like(x)
+    pads = [b for b, s in enumerate(idx) if s == pad_slot_id]
+    if pads:
+        y[torch.tensor(pads, device=x.device)] = 0  # pad rows
     if not live:
         return y
     rows = torch.tensor(live, device=x.device)

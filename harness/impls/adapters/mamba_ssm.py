@@ -8,12 +8,13 @@ Impl `mamba_ssm` (its Triton ops, importable from source with a placeholder `sel
 * ssd_varlen <- mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined on the packed batch as
   batch 1 with seq_idx (per-token sequence id), cu_seqlens and return_varlen_states=True.
   Not supported: an initial state for any sequence but the first (it takes one initial state per batch
-  row) -> NotImplementedError; pad requests are computed (their slots are not written).
+  row) -> NotImplementedError; the peer has no pad ids: pad requests are computed with the others, their
+  slots are not written and their tokens' y is set to 0 here.
 * gated_rms_norm <- mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn.
 Impl `mamba_ssm_cuda` (needs the compiled `selective_scan_cuda`):
 * selective_scan_varlen <- mamba_ssm.ops.selective_scan_interface.selective_scan_fn, one call per
   live sequence (it has no varlen mode). Not supported: has_initial_state (2.3.2 takes no initial
-  state) -> NotImplementedError.
+  state) -> NotImplementedError. Pad requests are not run; their tokens' y is set to 0 here.
 Every op validates with harness.ops first, so bad input fails the same way as for our kernels.
 """
 from __future__ import annotations
@@ -103,7 +104,12 @@ def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_sta
                      dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), return_varlen_states=True)
     for i in live:
         ssm_states[idx[i]] = states[i].to(ssm_states.dtype)
-    return _emit(y[0], out)
+    y = _emit(y[0], out)
+    qh = query_start_loc.detach().cpu().tolist()
+    for i in range(S):
+        if idx[i] == pad_slot_id:
+            y[qh[i]:qh[i + 1]] = 0  # a pad request's tokens
+    return y
 
 
 def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
@@ -125,6 +131,9 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     fn = import_peer(_SCAN).selective_scan_fn
     q = query_start_loc.detach().cpu().tolist()
     y = out if out is not None else torch.empty_like(u)
+    for i in range(S):
+        if idx[i] == pad_slot_id:
+            y[q[i]:q[i + 1]] = 0  # a pad request's tokens
     for i in live:
         a, b = q[i], q[i + 1]
         if b == a:

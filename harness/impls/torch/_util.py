@@ -31,6 +31,23 @@ def scatter_final(pool: torch.Tensor, idx: torch.Tensor, live: torch.Tensor, fin
         pool[idx[live]] = final[live].to(pool.dtype)
 
 
+def token_live(query_start_loc: torch.Tensor, live: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Per token of a packed batch, whether its request is live (`live` (S,) per request)."""
+    q = query_start_loc.to(torch.int64)
+    if num_tokens == 0 or live.numel() == 0:
+        return torch.zeros(num_tokens, dtype=torch.bool, device=live.device)
+    t = torch.arange(num_tokens, device=q.device)
+    seq = torch.searchsorted(q[1:], t, right=True).clamp(max=live.numel() - 1)  # the request of each token
+    return live[seq]
+
+
+def zero_pad_rows(y: torch.Tensor, live_rows: torch.Tensor) -> torch.Tensor:
+    """`y` with every row not in `live_rows` (bool, one per row) zero -- the op contract's pad rows; selected,
+    not multiplied by a mask, so a NaN computed there does not survive."""
+    keep = live_rows.reshape((-1,) + (1,) * (y.dim() - 1))
+    return torch.where(keep, y, torch.zeros((), dtype=y.dtype, device=y.device))
+
+
 def chunk_grid(starts: list, lens: list, device):
     """A padded grid of a chunk table's chunks: (ln, tok, valid) with ln (nc,) the chunk lengths, tok (nc, Lc)
     each position's token (0 where padding), valid (nc, Lc) the real positions; Lc = the longest chunk."""

@@ -5,7 +5,8 @@ import torch
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots
+from harness.impls.torch._util import (compute_dtype, emit, gather_init, scatter_final, silu, slots, token_live,
+                                       zero_pad_rows)
 
 
 @provides("torch", "causal_conv1d_varlen")
@@ -50,7 +51,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     sv = init[torch.arange(S, device=dev)[:, None], :, col].permute(0, 2, 1)
     final = torch.where(inx[:, None, :], xv, sv)
     scatter_final(conv_states, idx, live, final)
-    return emit(y, x, out)
+    return emit(zero_pad_rows(y, token_live(q, live, T)), x, out)
 
 
 @provides("torch", "causal_conv1d_update")
@@ -68,4 +69,4 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     if activation == "silu":
         y = silu(y)
     scatter_final(conv_states, idx, live, win[:, :, 1:])
-    return emit(y, x, out)
+    return emit(zero_pad_rows(y, live), x, out)

@@ -25,7 +25,8 @@ import torch
 
 from harness.impls.registry import provides
 from harness import ops as C
-from harness.impls.torch._util import chunk_grid, compute_dtype, emit, gather_init, padded_rows, scatter_final, slots
+from harness.impls.torch._util import (chunk_grid, compute_dtype, emit, gather_init, padded_rows, scatter_final, slots,
+                                       token_live, zero_pad_rows)
 from harness.impls.torch.ssd import chunk_table
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
@@ -126,7 +127,7 @@ def _varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, 
         o[tok[valid]] = oc.transpose(1, 2)[valid]
 
     scatter_final(ssm_states, idx, live, h)
-    return emit(o, v, out)
+    return emit(zero_pad_rows(o, token_live(query_start_loc, live, T)), v, out)
 
 
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
@@ -142,7 +143,7 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     S = S + u[..., :, None] * kp[:, :, None, :]
     o = (S @ qp[..., None])[..., 0]
     scatter_final(ssm_states, idx, live, S)
-    return emit(o, v, out)
+    return emit(zero_pad_rows(o, live), v, out)
 
 
 @provides("torch", "gated_delta_rule_varlen")

@@ -24,7 +24,7 @@ import torch
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.torch._util import (compute_dtype, emit, gather_init, padded_rows, scatter_final, silu, slots,
-                                       softplus)
+                                       softplus, token_live, zero_pad_rows)
 
 ELEMENT_BUDGET = 1 << 22
 MAX_CHUNK = 64
@@ -99,4 +99,4 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     if z is not None:
         y = y * silu(z.to(cd))
     scatter_final(ssm_states, idx, live, h)
-    return emit(y, u, out)
+    return emit(zero_pad_rows(y, token_live(q, live, T)), u, out)

@@ -5,7 +5,8 @@ import torch
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu, slots, softplus, up
+from harness.impls.torch._util import (compute_dtype, emit, gather_init, scatter_final, silu, slots, softplus, up,
+                                       zero_pad_rows)
 
 
 def effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd):
@@ -28,7 +29,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     d = effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd)
     y, new = step(layout, st, d, up(x, cd), up(B, cd), up(Cm, cd), up(D, cd), up(z, cd), A.to(cd))
     scatter_final(state, idx, live, new)
-    return emit(y, x, out)
+    return emit(zero_pad_rows(y, live), x, out)
 
 
 def step(layout, st, d, xs, Bc, Cc, Dc, zc, A):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.torch._util import chunk_grid, padded_rows
+from harness.impls.torch._util import chunk_grid, padded_rows, token_live, zero_pad_rows
 
 __all__ = ["ssd_varlen", "effective_dt", "chunk_table"]
 
@@ -148,6 +148,7 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
         y = y + (Dd[:, None] if Dd.dim() == 1 else Dd) * xd
     if z is not None:
         y = y * F.silu(z.to(cd))
+    y = zero_pad_rows(y, token_live(query_start_loc, live, T))  # pad requests' tokens: 0
 
     # Final states back into the pool, live requests only (strided pools are written through the view).
     if S:

@@ -14,6 +14,7 @@ sequence with an initial window (the other programs skip those rows) and then wr
 before its writes, in one program: no race, no second launch.
 Decode: one program per (ROWS batch rows, BD channels), one channel per lane (the windows have stride
 K-1), weights loaded once, all loads of its rows issued before any store.
+A pad request's outputs (its tokens, or its decode row) are stored as 0; its slot is never touched.
 Row offsets are int64 (T*D may exceed 2^31); per-channel offsets are int32 unless the host sees they
 could overflow (I64D). SiLU uses the approximate ex2/rcp instructions for fp32 accumulators on a GPU.
 """
@@ -141,11 +142,12 @@ def _conv_varlen_kernel(x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr, y
         rows = halo + _load_rows(x_ptr, xo, dmask, t0, te - 1, sx_t, BT, EVEN_D)
         if (start <= t0 - (K - 1)) & (nxt >= t0 + BT):
             # rows and halo inside one sequence, past its first K-1 tokens: no masks
+            lv = (d * 0 + tl.load(idx_ptr + s)) != pad_id  # a pad request's tokens get y = 0
             for r in tl.static_range(BT):
                 acc = bias
                 for k in tl.static_range(K):
                     acc += rows[r + k].to(ACC) * ws[k]
-                acc = _epilogue(acc, SILU, FAST).to(y_ptr.dtype.element_ty)
+                acc = tl.where(lv, _epilogue(acc, SILU, FAST), 0.0).to(y_ptr.dtype.element_ty)
                 yp = y_ptr + (t0 + r).to(tl.int64) * sy_t + yo
                 if EVEN_D:
                     tl.store(yp, acc)
@@ -165,7 +167,8 @@ def _conv_varlen_kernel(x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr, y
                         if k < K - 1:
                             xv = tl.where(t + (k - (K - 1)) >= start, xv, 0.0)
                         acc += xv * ws[k]
-                    acc = _epilogue(acc, SILU, FAST).to(y_ptr.dtype.element_ty)
+                    lv = (d * 0 + tl.load(idx_ptr + s)) != pad_id  # a pad request's tokens get y = 0
+                    acc = tl.where(lv, _epilogue(acc, SILU, FAST), 0.0).to(y_ptr.dtype.element_ty)
                     skip = t - start < K - 1  # the owner writes it if the sequence has an initial window
                     if skip:
                         skip = (tl.load(idx_ptr + s) != pad_id) & (tl.load(hi_ptr + s) != 0)
@@ -255,7 +258,7 @@ def _conv_update_kernel(x_ptr, w_ptr, b_ptr, st_ptr, idx_ptr, y_ptr, Bsz, D, pad
         for j in tl.static_range(K - 1):
             acc += wins[r * (K - 1) + j].to(ACC) * ws[j]
         acc += xs[r].to(ACC) * ws[K - 1]
-        acc = _epilogue(acc, SILU, FAST)
+        acc = tl.where(lms[r], _epilogue(acc, SILU, FAST), 0.0)  # a pad row gets y = 0
         tl.store(ybs[r] + d * sy_d, acc.to(y_ptr.dtype.element_ty), mask=dmask)
         # shift the window: new col c = old col c + 1, the last = the new input
         for j in tl.static_range(K - 1):

@@ -18,10 +18,10 @@ value-major state S (V, K) and l2-normalised, scaled q and k:
 2. `_gdn_scan_kernel`, one program per (sequence, value head, block of BV value rows), walking the
    sequence's chunks in order with its (BV, K) state tile in registers (fp32; fp64 for fp64 inputs):
        v' = u - w S^T,   o = (exp(G) q) S^T + Aqk v',   S <- exp(G_last) S + v'^T (exp(G_last - G) k).
-   The state starts from the pool slot (cache_indices) where has_initial_state, from zeros otherwise
-   (pad requests included: their outputs are the zero-state recurrence, as the torch implementation
-   gives); live requests write their final state back in place (an empty live sequence writes its
-   initial state, zeros without has_initial_state); pads and unnamed slots are never touched. The pool
+   The state starts from the pool slot (cache_indices) where has_initial_state, from zeros otherwise;
+   a pad request's tokens are stored as o = 0 (the op contract); live requests write their final state
+   back in place (an empty live sequence writes its initial state, zeros without has_initial_state); pads
+   and unnamed slots are never touched. The pool
    may be any strided view: it is addressed through its strides.
 
 Dots: fp32 inputs multiply in fp32 ("ieee"), fp64 in fp64; half inputs feed their q / k / v / scratch
@@ -219,6 +219,7 @@ def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, q
         qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
         o = tl.dot(qe.to(SDOT), sT, input_precision=SPREC, out_dtype=ACC)
         o += tl.dot(at.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
+        o = tl.where(livev[None, :], o, 0.0)  # a pad request's tokens get o = 0
         tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
                  o.to(o_ptr.dtype.element_ty), mask=m2)
         kend = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)

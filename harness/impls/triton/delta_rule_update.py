@@ -11,8 +11,8 @@ fp64 activations), write back in place. Per row b and value head h (key head h /
     S <- exp(g) S            (g a scalar (GDN) or a K-vector scaling S's columns (KDA))
     u = beta (v - S k),  S <- S + u k^T,  o = S q
 
-The row's slot is state_indices[b]; a pad row (index == pad_slot_id) starts from a zero state (its
-output is beta v (k . q), as the torch implementation gives) and reads and writes no slot. The pool may
+The row's slot is state_indices[b]; a pad row (index == pad_slot_id) reads and writes no slot and its
+output is stored as 0 (the op contract). The pool may
 be any strided view (page-major); its strides are used as they are. Launch parameters (BV, num_warps per
 family, and the smallest grid a small batch is spread to) come from CONFIG
 (configs/<device>/delta_rule_update.json). No host synchronisation: the op can be captured in a CUDA graph.
@@ -103,7 +103,7 @@ def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_
 
     u = beta * (vval - tl.sum(s * kv[None, :], axis=1))  # (BV,)
     s = s + u[:, None] * kv[None, :]
-    o = tl.sum(s * qv[None, :], axis=1)
+    o = tl.where(live, tl.sum(s * qv[None, :], axis=1), 0.0)  # a pad row gets o = 0
     tl.store(o_ptr + b * so0 + h64 * so1 + (v0 + vv) * so2, o.to(o_ptr.dtype.element_ty), mask=vm)
     tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
 

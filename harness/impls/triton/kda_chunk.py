@@ -28,8 +28,8 @@ and S the key-major (K, V) state before the chunk (the pool holds it value-major
 2. `_kda_scan_kernel`, one program per (sequence, head, block of BV value channels), walking the sequence's
    chunks in order with its (K, BV) state tile in registers (fp32; fp64 for fp64 inputs): per chunk the two
    products with the state, v' = u - w S and o = ou + q' S, and the update
-   S <- diag(exp(G_last)) S + kg^T v'. Pads' tokens are computed from a zero state (as the torch
-   implementation does) and their slots never touched; a live request reads its slot when
+   S <- diag(exp(G_last)) S + kg^T v'. Pads' tokens are stored as o = 0 (the op contract) and their slots
+   never touched; a live request reads its slot when
    has_initial_state (zeros otherwise) and writes the final state back in place, honouring the pool's
    strides (an empty sequence writes its initial state).
 
@@ -194,6 +194,7 @@ def _kda_scan_kernel(w_ptr, qp_ptr, kg_ptr, u_ptr, ou_ptr, dl_ptr, o_ptr, st_ptr
     use = (ck * 0 + tl.where(live, init, 0)) != 0  # as a vector (the interpreter mishandles vector & scalar bools)
     S = tl.load(sptr, mask=smask & use[:, None], other=0.0).to(CD)
 
+    lvo = (vv * 0 + live.to(tl.int32)) != 0  # a pad request's tokens get o = 0
     nc = tl.cdiv(eos - bos, BT)
     for c in tl.range(0, nc, num_stages=STAGES):
         t = bos + c * BT + rows
@@ -210,7 +211,7 @@ def _kda_scan_kernel(w_ptr, qp_ptr, kg_ptr, u_ptr, ou_ptr, dl_ptr, o_ptr, st_ptr
         dl = tl.load(dl_ptr + (c0 + c) * sdl0 + h * sdl1 + ck, mask=km, other=0.0).to(CD)
         sd = S.to(DOT)
         vn = ut - _dot(wt, sd, DOT, PREC, CD)
-        o = out + _dot(qt, sd, DOT, PREC, CD)
+        o = tl.where(lvo[None, :], out + _dot(qt, sd, DOT, PREC, CD), 0.0)
         tl.store(o_ptr + t[:, None] * so0 + h * so1 + vv[None, :] * so2, o.to(o_ptr.dtype.element_ty), mask=mv)
         S = S * dl[:, None] + _dot(tl.trans(kt), vn, DOT, PREC, CD)
 

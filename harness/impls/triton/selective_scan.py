@@ -14,7 +14,7 @@ programs run; then three launches:
   2. combine: per (sequence, channel block), a loop over the sequence's pieces:
               h_init[c] = h;  h = exp(A * sum_dt[c]) * h + h_local[c]   (piece decay = exp(A sum dt))
               starting from the pool slot (has_initial_state, not pad) or zero; writes the final state.
-  3. output:  every piece reruns from its true initial state and writes y.
+  3. output:  every piece reruns from its true initial state and writes y (0 for a pad request's tokens).
 When every sequence fits one piece a single launch does it all (pool in, pool out, y). The piece table
 (pieces per sequence, prefix sums) is built on the device, so no host sync is needed. Index math is int32
 when every offset fits (`index_type`), int64 otherwise.
@@ -107,12 +107,13 @@ def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: 
 
 
 @triton.jit
-def _sub(h, ypend, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF: tl.constexpr, u_ptr, dl_ptr, b_ptr,
+def _sub(h, ypend, yl, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF: tl.constexpr, u_ptr, dl_ptr, b_ptr,
          c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
          BD: tl.constexpr, GU: tl.constexpr, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
          SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
     """Token tt (a no-op past t1) from its slot, then the slot refilled with token tt + PF; y of the token
-    before tt is stored now (one step late, so the store does not wait on this token's reduction)."""
+    before tt is stored now (one step late, so the store does not wait on this token's reduction). `yl`
+    false: a pad request's token, whose y stays 0."""
     ok = (zd + tt) < t1
     h, dtv, y = _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     uv, dv, bv, cv, zv = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, tt + PF, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
@@ -120,7 +121,7 @@ def _sub(h, ypend, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF: tl
     if NEED_Y:
         tl.store(y_ptr + (tt - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty),
                  mask=dm & ((zd + tt) > t0) & ((zd + tt) <= t1))
-        ypend = tl.where(ok, y, ypend)
+        ypend = tl.where(ok & yl, y, ypend)
     else:
         sdt += dtv
     return h, ypend, sdt, uv, dv, bv, cv, zv
@@ -210,24 +211,25 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
     yo = d * sy1
     ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
+    yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
     for tb in range(t0, t1, PF):
         h, ypend, sdt, u0, d0, b0, c0, z0 = _sub(
-            h, ypend, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr,
+            h, ypend, yl, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr,
             y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
             BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 2:
             h, ypend, sdt, u1, d1, b1, c1, z1 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                h, ypend, yl, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 4:
             h, ypend, sdt, u2, d2, b2, c2, z2 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                h, ypend, yl, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
             h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
-                h, ypend, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr,
-                z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                h, ypend, yl, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     if NEED_Y:  # the last token's y (the loop stored up to the token before it)
         tl.store(y_ptr + (t1 - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + t1) > t0))

@@ -89,6 +89,7 @@ def _ssu_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr,
     if HAS_Z:
         zv = tl.load(z_ptr + b * sz0 + h * sz1 + p * sz2, mask=pm, other=0.0).to(ACC)
         y = y * zv / (1.0 + tl.exp(-zv))
+    y = tl.where(live, y, 0.0)  # a pad row gets y = 0
     tl.store(y_ptr + b * sy0 + h * sy1 + p * sy2, y.to(y_ptr.dtype.element_ty), mask=pm)
     tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
 
@@ -183,6 +184,7 @@ def _m1_step(st_ptr, y_ptr, slot, live, s, xv, dtv, zv, bv, cv, b64, m_rd, a, dt
             y = y * zv / (1.0 + tl.exp(-zv))
         else:
             y = y * zv / (1.0 + tl.exp2(zv * -1.4426950408889634))
+    y = tl.where(live[:, None], y, 0.0)  # a pad row gets y = 0
     tl.store((y_ptr + b64 * sy0)[:, None] + (d64 * sy1)[None, :], y.to(y_ptr.dtype.element_ty), mask=m_rd)
     sptr, smask = _m1_state_ptrs(st_ptr, slot, live, pd, d64, n64, m2, Dm, ss0, ss1, ss2, BD, BN, DENSE, EVEN_D)
     if DENSE:

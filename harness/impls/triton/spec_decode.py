@@ -10,7 +10,7 @@ stores the state to slot state_indices[b, j] (unless it is the pad id). The SSM 
 tokens (fewer live registers than an unrolled walk; a short row costs only its tokens); the conv kernel,
 whose window is a tuple of K-1 vectors, walks all S positions unrolled (S is a compile-time constant) and
 masks off those past the row's tokens, computed on a stand-in token. A row without tokens or whose start
-slot is the pad id reads and writes nothing. Slot ids are distinct
+slot is the pad id reads and writes no slot, and its tokens get y = 0. Slot ids are distinct
 over the whole table, so a program is the only reader and writer of its row's slots' tile, and its start
 state is in registers before its first store: no race, one launch, no host synchronisation (the layout's
 value checks run in the op's validation, which `no_index_checks()` skips). Offsets are int64.
@@ -49,6 +49,15 @@ def _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S: tl.constexpr):
     init = tl.load(tab_ptr + b * st0 + first * st1).to(tl.int64)
     ntok = tl.where(init != pad_id, end - start, 0)
     return start, ntok, tl.where(init != pad_id, init, 0)
+
+
+@triton.jit
+def _zero_padding_row(y_ptr, qsl_ptr, b, start, ntok, off, mask, sy_t):
+    """A padding row's tokens (those from start + ntok to the row's end: all of them, ntok being 0; none for
+    a live row) get y = 0 at the offsets `off` of a token row."""
+    end = tl.load(qsl_ptr + b + 1).to(tl.int64)
+    for t in range(start + ntok, end):
+        tl.store(y_ptr + t * sy_t + off, (off * 0).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -92,6 +101,7 @@ def _spec_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
             dv = tl.load(d_ptr + h * sd0 + p * sd1, mask=pm, other=0.0).to(ACC)
         else:
             dv = tl.load(d_ptr + h * sd0).to(ACC)
+    _zero_padding_row(y_ptr, qsl_ptr, b, start, ntok, h * sy1 + p * sy2, pm, sy0)
     for j in range(0, ntok):
         t, on, wr, slot = _pos(tab_ptr, b, j, start, ntok, st0, st1, pad_id)
         xv = tl.load(x_ptr + t * sx0 + h * sx1 + p * sx2, mask=pm, other=0.0).to(ACC)
@@ -148,6 +158,7 @@ def _spec_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr
         dtb = tl.load(dtb_ptr + d64 * sdtb0, mask=dm, other=0.0).to(ACC)
     if HAS_D:
         dsk = tl.load(d_ptr + d64 * sd0, mask=dm, other=0.0).to(ACC)
+    _zero_padding_row(y_ptr, qsl_ptr, b, start, ntok, d64 * sy1, dm, sy0)
     for j in range(0, ntok):
         t, on, wr, slot = _pos(tab_ptr, b, j, start, ntok, st0, st1, pad_id)
         xv = tl.load(x_ptr + t * sx0 + d64 * sx1, mask=dm, other=0.0).to(ACC)
@@ -205,6 +216,7 @@ def _spec_conv_kernel(x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, tab_ptr, acc_ptr, y_
     else:
         bias = tl.zeros((BD,), dtype=ACC)
     start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
+    _zero_padding_row(y_ptr, qsl_ptr, b, start, ntok, d * sy_d, dmask, sy_t)
     lm = tl.where(ntok > 0, dmask, False)
     sb = st_ptr + init * ss_s + d * ss_d
     win = ()

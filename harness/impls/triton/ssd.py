@@ -9,7 +9,9 @@ Stages (one file each, each testable alone, mirroring mamba_ssm's split):
 
 ssd_varlen launches three kernels by default (TUNING["fuse_front"], TUNING["fused_cb"]): chunk_state
 with the cumsum stage in its front, state_passing, and chunk_scan forming C . B^T in place (half types;
-fp32 / fp64 keep ssd_bmm, their dots run on the FMA units).
+fp32 / fp64 keep ssd_bmm, their dots run on the FMA units). When the batch may hold a pad request (its
+slot ids are not known on the host: CUDA-graph safe), a fourth small launch stores y = 0 over the pad
+requests' tokens (the op contract); a program per request, live requests exit at once.
 
 Accumulation in fp32 (fp64 for fp64 inputs). Intermediates: dt/dA (H, NC, cs), per-chunk states
 (NC, H, P, N) in the compute dtype, states before each chunk in the activations' dtype for half types
@@ -22,6 +24,8 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
@@ -33,6 +37,21 @@ from harness.impls.triton.ssd_chunk_state import ssd_chunk_state
 from harness.impls.triton.ssd_state_passing import ssd_state_passing
 
 __all__ = ["ssd_varlen"]
+
+
+@triton.jit
+def _zero_pad_tokens_kernel(y_ptr, qsl_ptr, idx_ptr, pad_id, HP, P, sy_t, sy_h, sy_p, BLOCK: tl.constexpr):
+    # one program per request: a pad request's tokens get y = 0 (all H * P values of each); others exit
+    s = tl.program_id(0).to(tl.int64)
+    if tl.load(idx_ptr + s).to(tl.int64) == pad_id:
+        t0 = tl.load(qsl_ptr + s).to(tl.int64)
+        t1 = tl.load(qsl_ptr + s + 1).to(tl.int64)
+        e = tl.arange(0, BLOCK).to(tl.int64)
+        for t in range(t0, t1):
+            for c in range(0, HP, BLOCK):
+                f = c + e
+                tl.store(y_ptr + t * sy_t + (f // P) * sy_h + (f % P) * sy_p,
+                         tl.zeros((BLOCK,), dtype=y_ptr.dtype.element_ty), mask=f < HP)
 
 # Launch parameters per stage (block sizes, warps); None = the stage's default. Benchmarks may set them.
 # "fused_cb": half-precision inputs skip ssd_bmm and form CB inside ssd_chunk_scan (tensor-core dots;
@@ -82,4 +101,8 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
         cb = None if fused else ssd_bmm(C, B, chunk_start, chunk_len, chunk_size, compute_dtype=cd, **TUNING["bmm"])
         ssd_chunk_scan(x, z, C, D, cb, dt_out, dA, prev, chunk_start, chunk_len, y, compute_dtype=cd, B=B,
                        **TUNING["chunk_scan"])
+        if T:
+            blk = min(1024, triton.next_power_of_2(H * P))
+            _zero_pad_tokens_kernel[(S,)](y, query_start_loc, cache_indices, int(pad_slot_id), H * P, P,
+                                          y.stride(0), y.stride(1), y.stride(2), BLOCK=blk)
     return y
