@@ -107,3 +107,14 @@ def scatter_slots(pool, indices, live, states):
 def mask_rows(y, live):
     """`y` (n, ...) with the rows where `live` is False set to zero (on the device)."""
     return torch.where(_rows(live, y), y, 0)
+
+
+def zero_pad_tokens(y, query_start_loc, cache_indices, pad_slot_id):
+    """y[tokens of pad requests] = 0 on the device, without a host read (a packed varlen output; a peer that
+    has no pad ids computes or skips those tokens, and the contract wants them 0)."""
+    T = y.shape[0]
+    if T == 0 or cache_indices.numel() == 0:
+        return y
+    q = query_start_loc.to(torch.int64)
+    pad = torch.repeat_interleave(cache_indices.to(torch.int64) == pad_slot_id, q[1:] - q[:-1], output_size=T)
+    return y.masked_fill_(pad.reshape((T,) + (1,) * (y.dim() - 1)), 0)

@@ -84,7 +84,7 @@ import torch
 from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows, no_live_rows,
-                                    scatter_slots, unavailable_reason)
+                                    scatter_slots, unavailable_reason, zero_pad_tokens)
 from harness.impls.adapters._sglang_stubs import STUBS
 from harness.impls.adapters._source import PeerSource
 from harness.impls.registry import Impl, register
@@ -355,6 +355,7 @@ def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_sta
     if live:
         rows = torch.tensor(live, device=x.device)
         ssm_states[torch.tensor([idx[i] for i in live], device=x.device)] = states[rows].to(ssm_states.dtype)
+    zero_pad_tokens(y[0], query_start_loc, cache_indices, pad_slot_id)  # no pad ids: computed like the rest
     return _emit(y[0], out)
 
 
@@ -529,6 +530,7 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
     q = query_start_loc.detach().cpu().tolist()
     y = out if out is not None else torch.empty_like(u)
+    zero_pad_tokens(y, query_start_loc, cache_indices, pad_slot_id)  # pad requests are not run
     Af = A.float()
     for i in live:
         a, b = q[i], q[i + 1]

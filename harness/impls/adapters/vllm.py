@@ -54,8 +54,10 @@ behind our stubs (`_vllm_stubs`); where vllm itself is installed, the same modul
 * kda_update <- the same package's fused_recurrent_kda_fwd (use_gate_in_kernel=False), q/k/v as views of
   one packed buffer as vLLM passes them.
 The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a live request on slot 0 is
-declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves (their output rows are
-left as the kernels leave them: unspecified, as the contract allows).
+declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves, and their output rows
+are left as the kernels leave them: the contract wants them 0, so a kernel that leaves them unwritten fails
+the suites' pad-row check (the kernel's behaviour, reported as such). The SSD has no pad ids: pad requests are
+computed with the others and their tokens' y set to 0 here.
 Decode ops (conv update, Mamba state update and their speculative forms, GDN / KDA update) read nothing on the
 host inside `harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: the pool and the slot
 ids go to the kernels as they are (the speculative conv's wide slots are built and written back with index
@@ -86,7 +88,7 @@ import torch
 from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, no_live_rows,
-                                    unavailable_reason)
+                                    unavailable_reason, zero_pad_tokens)
 from harness.impls.adapters._source import PeerSource
 from harness.impls.adapters._vllm_stubs import STUBS
 from harness.impls.adapters.fla import _gather, _scatter, _varlen
@@ -301,7 +303,7 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
     dst_state_batch_indices both our slot table, num_accepted_tokens as given, null_block_id = our pad id.
     The kernel reads slot table[b, num_accepted_tokens[b] - 1] and stores the state after each token t of
     the row into table[b, t] unless that is the null block; a row whose start slot is the null block reads
-    zeros and stores nothing (its outputs are computed from zeros: unspecified for us)."""
+    zeros and stores nothing (its outputs are computed from zeros, as the kernel leaves them)."""
     layout = C.validate_selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc,
                                                     state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
                                                     out)
@@ -360,6 +362,7 @@ def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_sta
         initial_states=init, dt_softplus=bool(dt_softplus), dt_limit=tuple(float(v) for v in dt_limit),
         state_dtype=ssm_states.dtype, final_states_out=ssm_states if fused else None,
         final_state_indices=cache_indices if fused else None)
+    zero_pad_tokens(y, query_start_loc, cache_indices, pad_slot_id)  # it has no pad ids: computed like the rest
     if not fused and live:  # states[i] = states of chunk last_chunk_indices[i]: not the state of an empty one
         rows = torch.tensor(live, device=x.device)
         q = query_start_loc.to(torch.int64)
