@@ -309,7 +309,7 @@ BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 def test_cpu_run_against_committed_h200_baseline_in_chromium(tmp_path):
     """A report comparing a real CPU run (suites + bench, made here) with the committed H200 baseline needs
     --allow-cross-device (exit 2 without, no file left), then renders in headless Chromium with no console
-    messages, naming both devices and the H200's ops in its tables. Its ~1700 regressions (the H200's cases
+    messages, naming both devices and the H200's ops in its tables. Its thousands of regressions (the H200's cases
     the CPU run lacks) stay behind a few collapsed groups: at 1366x768 the first screen is the summary."""
     assert os.path.isfile(os.path.join(BASELINE, "results.jsonl")), "the committed H200 baseline is missing"
     run = tmp_path / "cpu-run"
@@ -325,6 +325,6 @@ def test_cpu_run_against_committed_h200_baseline_in_chromium(tmp_path):
     assert "NVIDIA H200" in dom and "ssd_varlen" in dom and "selective_state_update" in dom
     m = _first_screen(out, tmp_path)
     _assert_first_screen(m)
-    assert m["regressions"]["bottom"] - m["regressions"]["top"] < 300, m  # collapsed, not 1700 rows
+    assert m["regressions"]["bottom"] - m["regressions"]["top"] < 300, m  # collapsed, not thousands of rows
     assert m["verdict_color"] == "rgb(253, 226, 226)"  # red: the gate fails
-    assert re.search(r"FAIL: \d{4} regression\(s\) against the baseline", dom)
+    assert re.search(r"FAIL: \d{4,} regression\(s\) against the baseline", dom)
