@@ -89,12 +89,15 @@ def with_ops(impl: Impl, name: str, **ops) -> Impl:
 
 def grid_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
                     has_initial_state, *, dt_softplus=True, dt_limit=(0.0, math.inf), pad_slot_id=C_.PAD_SLOT_ID,
-                    out=None, _bug_cumsum_at_chunk_start=False):
+                    out=None, _bug_cumsum_at_chunk_start=False, _bug_exp_before_mask=False):
     """``ssd_varlen`` the mamba_ssm way: the packed stream is cut into a GLOBAL grid of `chunk_size`
     tokens; logical chunks (a sequence's run inside one global chunk) come from
     ``harness.engine.metadata.chunk_indices_offsets``; the cumulative dA is taken per global chunk and,
     for a logical chunk that starts mid-chunk (a sequence start), measured from that start.
     With ``_bug_cumsum_at_chunk_start`` it is measured from the global chunk start instead (bug class 4).
+    With ``_bug_exp_before_mask`` the decay matrix is exp(segment sums) times the causal mask: above the
+    diagonal the difference of cumulative sums is positive, a large |A| overflows exp there and inf * 0 is
+    NaN (bug class 6).
     Plain loops over logical chunks: for small selftest shapes."""
     T, H, P, N, G, S = C_.validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states,
                                               query_start_loc, cache_indices, has_initial_state, dt_limit,
@@ -137,7 +140,10 @@ def grid_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query
         L = b - a
         mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))
         seg = c[:, None, :] - c[None, :, :]
-        decay = torch.exp(torch.where(mask[..., None], seg, torch.full_like(seg, -math.inf)))
+        if _bug_exp_before_mask:
+            decay = torch.exp(seg) * mask[..., None]
+        else:
+            decay = torch.exp(torch.where(mask[..., None], seg, torch.full_like(seg, -math.inf)))
         cb = torch.einsum("ihn,jhn->ijh", Ch[a:b], Bh[a:b])
         yj = torch.einsum("ijh,jh,jhp->ihp", cb * decay, d[a:b], xs[a:b])
         yj = yj + torch.exp(c)[:, :, None] * torch.einsum("ihn,hpn->ihp", Ch[a:b], h[s])
