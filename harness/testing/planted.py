@@ -6,8 +6,8 @@ variants of `harness selftest` (harness.selftest_suites), which run the real sui
 * implementation wrappers (``Impl -> Impl``): the `torch` implementation with one op broken. Each has a
   factory without arguments, so that pytest and `harness` load it as ``--impl harness.testing.planted:NAME``;
 * patches (context managers) that break a component which is not an implementation -- a kernel-index
-  helper, a checkpoint name rule, a cache spec, the comparison every check goes through. They are applied
-  for a whole pytest session by this module as a plugin: ``pytest -p harness.testing.planted --plant NAME``
+  function, a checkpoint name rule, a cache spec, the comparison every check goes through. They are applied
+  for a whole pytest run by this module as a plugin: ``pytest -p harness.testing.planted --plant NAME``
   (before collection, so that names the test modules import are the broken ones).
 
 Every broken component is wrong in exactly one way and right otherwise, so that a test catching it
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -167,7 +168,7 @@ def _wrap_int32(v: int) -> int:
 
 
 def int32_offsets():
-    """The Triton kernels' index helper (`harness.impls.triton._common.max_offset`, read by `index_type`)
+    """The Triton kernels' index function (`harness.impls.triton._common.max_offset`, read by `index_type`)
     accumulating offsets in 32-bit arithmetic, as an `int` offset in a kernel does: an offset past 2^31 - 1
     wraps negative, so the kernels keep int32 index math where they need int64 (bug class 12)."""
     from harness.impls.triton import _common
@@ -190,11 +191,11 @@ def int32_offsets():
 def model_prefix_unknown():
     """Checkpoint name rules that know the `backbone.` prefix but not `model.`: the keys of a checkpoint
     saved with `model.` names match no rule (bug class 13, `model.` vs `backbone.`)."""
-    import re
     from harness.selftest import patched
     from reference import loader
+    if not any(loader._PREFIX in p.pattern for p, _ in loader.NAME_RULES):
+        raise RuntimeError(f"reference.loader.NAME_RULES: expected rules built on _PREFIX {loader._PREFIX!r}, got none")
     rules = tuple((re.compile(p.pattern.replace(loader._PREFIX, r"(?:backbone\.)?")), t) for p, t in loader.NAME_RULES)
-    assert rules != loader.NAME_RULES
     return patched(loader, "NAME_RULES", rules)
 
 
@@ -245,7 +246,7 @@ _ACTIVE: list = []
 def pytest_addoption(parser):
     parser.getgroup("ssm-harness").addoption(
         "--plant", action="store", default=None, metavar="NAME", choices=sorted(PLANTS),
-        help=f"break one component for the whole session, on purpose (one of {sorted(PLANTS)})")
+        help=f"break one component for the whole run, on purpose (one of {sorted(PLANTS)})")
 
 
 @pytest.hookimpl(trylast=True)  # after the harness plugin has set up the device (TRITON_INTERPRET on CPU)
@@ -255,7 +256,6 @@ def pytest_configure(config):
         cm = PLANTS[name]()
         cm.__enter__()
         _ACTIVE.append(cm)
-        config.addinivalue_line("markers", f"planted_{name}: session run with the planted bug {name}")
 
 
 def pytest_report_header(config):
