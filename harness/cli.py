@@ -231,6 +231,9 @@ def _selftest_args(p) -> None:
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                    help="engine dtype (default float64: the tightest tolerances; float32 may let the smallest "
                         "bugs, e.g. a wrong norm eps, pass)")
+    p.add_argument("--kind", choices=("all", "scenario", "suite"), default="all",
+                   help="which variants: scenario (a broken engine, caught by the scenario properties), suite (a "
+                        "broken component, caught by the suites' tests, run by pytest on the CPU) or all (default)")
     p.add_argument("--list", action="store_true", help="list the variants and exit")
 
 
@@ -282,8 +285,8 @@ SUBCOMMANDS: dict = {
     "bench": (cmd_bench, _bench_args,
               "kernel/model benchmarks over a shape matrix; timing records appended to a JSONL file"),
     "selftest": (cmd_selftest, _selftest_args,
-                 "break the engine on purpose (docs/bug-classes.md variants) and require the scenario properties "
-                 "to catch each (exit 1 if one escapes)"),
+                 "break the engine or one component on purpose (docs/bug-classes.md variants) and require the "
+                 "scenario properties or the suites to catch each (exit 1 if one escapes)"),
 }
 
 

@@ -17,6 +17,12 @@ confirmed: the minimal case must FAIL with the variant and PASS with the unbroke
 control), and every property is run on it to list which ones catch it. A variant escapes when no
 failing case is found within its example/time budget, or when its control fails.
 
+The bug classes that no scenario property can see (below the engine or outside it: exp overflow under
+stress inputs, int32 offsets, checkpoint names, cache specs, the checks themselves, inputs written, state
+precision, tile boundaries, shared workspaces) are *suite variants* (harness.selftest_suites): a planted
+component (harness.testing.planted) and the tests of the real suites that must fail with it and pass
+without it, run by pytest in a subprocess. Together the two kinds cover every class of docs/bug-classes.md.
+
 Exit code 1 if any variant escapes.
 """
 from __future__ import annotations
@@ -41,6 +47,7 @@ from harness.impls.registry import Impl
 from harness.engine import families as engine_families
 from harness.scenarios import FAMILIES as SCENARIO_FAMILIES
 from harness.scenarios import PROPERTIES, RunnerFactory, Scenario, scenarios
+from harness.selftest_suites import SUITE_VARIANTS, SuiteOutcome, run_suite_variant
 
 # ============================================================================ patch helpers
 
@@ -89,12 +96,15 @@ def with_ops(impl: Impl, name: str, **ops) -> Impl:
 
 def grid_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
                     has_initial_state, *, dt_softplus=True, dt_limit=(0.0, math.inf), pad_slot_id=C_.PAD_SLOT_ID,
-                    out=None, _bug_cumsum_at_chunk_start=False):
+                    out=None, _bug_cumsum_at_chunk_start=False, _bug_exp_before_mask=False):
     """``ssd_varlen`` the mamba_ssm way: the packed stream is cut into a GLOBAL grid of `chunk_size`
     tokens; logical chunks (a sequence's run inside one global chunk) come from
     ``harness.engine.metadata.chunk_indices_offsets``; the cumulative dA is taken per global chunk and,
     for a logical chunk that starts mid-chunk (a sequence start), measured from that start.
     With ``_bug_cumsum_at_chunk_start`` it is measured from the global chunk start instead (bug class 4).
+    With ``_bug_exp_before_mask`` the decay matrix is exp(segment sums) times the causal mask: above the
+    diagonal the difference of cumulative sums is positive, a large |A| overflows exp there and inf * 0 is
+    NaN (bug class 6).
     Plain loops over logical chunks: for small selftest shapes."""
     T, H, P, N, G, S = C_.validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states,
                                               query_start_loc, cache_indices, has_initial_state, dt_limit,
@@ -137,7 +147,10 @@ def grid_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query
         L = b - a
         mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))
         seg = c[:, None, :] - c[None, :, :]
-        decay = torch.exp(torch.where(mask[..., None], seg, torch.full_like(seg, -math.inf)))
+        if _bug_exp_before_mask:
+            decay = torch.exp(seg) * mask[..., None]
+        else:
+            decay = torch.exp(torch.where(mask[..., None], seg, torch.full_like(seg, -math.inf)))
         cb = torch.einsum("ihn,jhn->ijh", Ch[a:b], Bh[a:b])
         yj = torch.einsum("ijh,jh,jhp->ihp", cb * decay, d[a:b], xs[a:b])
         yj = yj + torch.exp(c)[:, :, None] * torch.einsum("ihn,hpn->ihp", Ch[a:b], h[s])
@@ -553,19 +566,38 @@ def reproduce(variant: str, case: Scenario, prop: str = "matches_reference", imp
         PROPERTIES[prop](case, RunnerFactory(v.control(base), dtype=dtype, device=device, extra=dict(v.runner)))
 
 
+KINDS = ("all", "scenario", "suite")
+
+
+def _choose(variants, kind: str) -> tuple[list, list]:
+    """(scenario variants, suite variants) named by `variants` (names or bug classes; None = all) of `kind`."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    every = VARIANTS + SUITE_VARIANTS
+    if variants is not None:
+        unknown = set(variants) - {v.name for v in every} - {v.bug_class for v in every}
+        if unknown:
+            raise ValueError(f"variant: expected names or bug classes of {[v.name for v in every]}, "
+                             f"got {sorted(unknown)}")
+
+    def pick(vs, k):
+        if kind not in ("all", k):
+            return []
+        return [v for v in vs if variants is None or v.name in variants or v.bug_class in variants]
+    return pick(VARIANTS, "scenario"), pick(SUITE_VARIANTS, "suite")
+
+
 def run_selftest(impl="reference", variants=None, *, max_examples: int = 30, seconds: float = 8.0,
-                 device: str = "cpu", dtype=torch.float64, seed: int | None = 0, echo=print) -> list[Outcome]:
-    """Run the chosen variants (names or bug classes; None = all) against `impl`; `seed` makes the
-    hypothesis search reproducible (None: random)."""
+                 device: str = "cpu", dtype=torch.float64, seed: int | None = 0, echo=print,
+                 kind: str = "all") -> list:
+    """Run the chosen variants (names or bug classes; None = all; `kind`: both kinds, or only the scenario
+    or the suite variants): the scenario variants against `impl` on `device`, the suite variants with the
+    planted components of harness.testing.planted on the CPU (their outcomes are `SuiteOutcome`s); `seed`
+    makes the hypothesis search reproducible (None: random)."""
     from harness.impls import registry
     from harness.scenarios import engine_impl
-    base = engine_impl(registry.get(impl) if isinstance(impl, str) else impl)
-    chosen = [v for v in VARIANTS if variants is None or v.name in variants or v.bug_class in variants]
-    if variants is not None:
-        unknown = set(variants) - {v.name for v in VARIANTS} - {v.bug_class for v in VARIANTS}
-        if unknown:
-            raise ValueError(f"variant: expected names or bug classes of {[v.name for v in VARIANTS]}, "
-                             f"got {sorted(unknown)}")
+    chosen, suites = _choose(variants, kind)
+    base = engine_impl(registry.get(impl) if isinstance(impl, str) else impl) if chosen else None
     outcomes = []
     for v in chosen:
         o = run_variant(v, base, max_examples=max_examples, seconds=seconds, device=device, dtype=dtype, seed=seed)
@@ -574,37 +606,90 @@ def run_selftest(impl="reference", variants=None, *, max_examples: int = 30, sec
         if echo:
             echo(f"  {v.name:26s} class {v.bug_class:3s} {'caught' if o.caught else 'ESCAPED'} "
                  f"({o.seconds:.1f}s, {o.examples} examples)")
+    for v in suites:
+        o = run_suite_variant(v)
+        outcomes.append(o)
+        if echo:
+            echo(f"  {v.name:26s} class {v.bug_class:3s} {'caught' if o.caught else 'ESCAPED'} "
+                 f"({o.seconds:.1f}s, {o.examples} tests)")
     return outcomes
 
 
-def format_table(outcomes: list[Outcome]) -> str:
-    rows = [("variant", "class", "caught", "properties that caught it", "minimal case (requests, prompt tokens)",
-             "seconds")]
+def _short_test(nodeid: str) -> str:
+    path, _, name = nodeid.partition("::")
+    return f"{path.rsplit('/', 1)[-1]}::{name}"
+
+
+def format_table(outcomes: list) -> str:
+    """One row per outcome: the scenario variants' catching properties and minimal request sets, the suite
+    variants' failing tests and how many of the selected tests failed."""
+    rows = [("variant", "class", "caught", "caught by (properties / tests)", "case", "seconds")]
     for o in outcomes:
-        props = ", ".join(n for n, _ in o.properties) or "-"
-        caught = "yes" if o.caught else ("NO: the unbroken engine fails too" if o.control_ok is False else "NO")
-        rows.append((o.variant.name, o.variant.bug_class, caught, props,
-                     f"{o.size[0]} requests, {o.size[1]} tokens" if o.case else "-", f"{o.seconds:.1f}"))
+        suite = isinstance(o, SuiteOutcome)
+        if suite:
+            tests = [_short_test(n) for n, _ in o.properties]
+            by = (tests[0] + (f" (+{len(tests) - 1} more)" if len(tests) > 1 else "")) if tests else "-"
+            case = f"{len(o.properties)} of {o.examples} tests failed"
+        else:
+            by = ", ".join(n for n, _ in o.properties) or "-"
+            case = f"{o.size[0]} requests, {o.size[1]} tokens" if o.case else "-"
+        what = "component" if suite else "engine"
+        caught = "yes" if o.caught else (f"NO: the unbroken {what} fails too" if o.control_ok is False else "NO")
+        rows.append((o.variant.name, o.variant.bug_class, caught, by, case, f"{o.seconds:.1f}"))
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
     lines.insert(1, "  ".join("-" * x for x in w))
     return "\n".join(lines)
 
 
-def format_cases(outcomes: list[Outcome]) -> str:
+def format_cases(outcomes: list) -> str:
     out = []
     for o in outcomes:
         out.append(f"[{o.variant.name}] class {o.variant.bug_class}: {o.variant.description}")
-        if o.case is not None:
-            out.append(f"  minimal case: {o.case}")
-            prop = o.properties[0][0] if o.properties else "matches_reference"
-            out.append(f"  reproduce: python -c \"from harness.selftest import reproduce; from harness.scenarios "
-                       f"import Scenario; reproduce('{o.variant.name}', {o.case}, '{prop}', impl='{o.impl_name}')\"")
-        for n, m in o.properties:
-            out.append(f"  {n}: {m}")
+        if isinstance(o, SuiteOutcome):
+            if o.variant.why:
+                out.append(f"  not a scenario variant: {o.variant.why}")
+            out.append(f"  broken:  {o.variant.command(broken=True)}")
+            out.append(f"  control: {o.variant.command(broken=False)}")
+            for n, m in o.properties:
+                out.append(f"  {n}: {m}")
+        else:
+            if o.case is not None:
+                out.append(f"  minimal case: {o.case}")
+                prop = o.properties[0][0] if o.properties else "matches_reference"
+                out.append(f"  reproduce: python -c \"from harness.selftest import reproduce; from harness.scenarios "
+                           f"import Scenario; reproduce('{o.variant.name}', {o.case}, '{prop}', impl='{o.impl_name}')\"")
+            for n, m in o.properties:
+                out.append(f"  {n}: {m}")
         if o.error:
             out.append(f"  note: {o.error.strip()}")
     return "\n".join(out)
+
+
+def documented_classes(path: str | None = None) -> dict[str, str]:
+    """The bug classes of docs/bug-classes.md: class number -> the row's "selftest variant" cell, read from the
+    table (rows `| <number> | ...`), so that a class added there without a variant is seen."""
+    import os
+    import re
+    from harness.selftest_suites import repo_root
+    path = path or os.path.join(repo_root(), "docs", "bug-classes.md")
+    with open(path) as f:
+        lines = [ln.strip() for ln in f]
+
+    def cells(ln):  # a cell may hold an escaped pipe (`\\|A\\|`)
+        return [c.strip() for c in re.split(r"(?<!\\)\|", ln.strip().removeprefix("|").removesuffix("|"))]
+    head = next((i for i, ln in enumerate(lines) if ln.startswith("|") and cells(ln)[0] == "#"), None)
+    if head is None or "selftest variant" not in cells(lines[head]):
+        raise ValueError(f"{path}: expected a table with the columns '#' and 'selftest variant', got none")
+    col = cells(lines[head]).index("selftest variant")
+    rows = {}
+    for ln in lines[head + 2:]:
+        if not ln.startswith("|"):
+            break
+        c = cells(ln)
+        if c[0].isdigit():
+            rows[c[0]] = c[col] if col < len(c) else ""
+    return rows
 
 
 def add_args(p):
@@ -614,17 +699,20 @@ def add_args(p):
 
 
 def main(args) -> int:
+    kind = getattr(args, "kind", "all")
     if args.list:
-        for v in VARIANTS:
-            print(f"{v.name:26s} class {v.bug_class:3s} {v.description}")
+        scen, suites = _choose(None, kind)
+        for v in scen:
+            print(f"{v.name:26s} class {v.bug_class:3s} scenario  {v.description}")
+        for v in suites:
+            print(f"{v.name:26s} class {v.bug_class:3s} suite     {v.description}")
         return 0
     if args.max_examples < 1 or args.seconds <= 0:
         raise ValueError(f"--max-examples/--seconds: expected positive values, got {args.max_examples}/{args.seconds}")
-    if args.variant:
-        unknown = set(args.variant) - {v.name for v in VARIANTS} - {v.bug_class for v in VARIANTS}
-        if unknown:
-            raise ValueError(f"--variant: expected names or bug classes of {[v.name for v in VARIANTS]}, "
-                             f"got {sorted(unknown)}")
+    try:
+        _choose(args.variant, kind)
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
     from harness.devices import resolve_or_exit
     # A device this machine lacks is one usage error (exit 4), not twelve variants escaping on it.
     device = resolve_or_exit(getattr(args, "device", "cpu"), "harness selftest")
@@ -632,7 +720,7 @@ def main(args) -> int:
     print(f"harness selftest: breaking the engine on purpose ({args.impl}, {dtype}, {device})", flush=True)
     seed = getattr(args, "seed", 0)
     outcomes = run_selftest(args.impl, args.variant, max_examples=args.max_examples, seconds=args.seconds,
-                            seed=None if seed == -1 else seed, device=device, dtype=dtype)
+                            seed=None if seed == -1 else seed, device=device, dtype=dtype, kind=kind)
     print()
     print(format_table(outcomes))
     print()

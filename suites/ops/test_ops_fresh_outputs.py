@@ -8,7 +8,6 @@ For every op (harness.ops.SPECS: each spec's `inputs` builder on its contract sh
 optional inputs, and on its first `cpu` benchmark shape) and every implementation, the test calls the op
 several times in a row without `out=` on different inputs (its own pool each), keeps every result alive,
 and compares each result with its own float64 oracle only after the last call."""
-import dataclasses
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from harness.impls.reference_impl import oracle
 from harness.ops import SPECS
 from harness.testing.checker import Checker
 from harness.testing.optest import contract_variants, interp_small, require
+from harness.testing.planted import shared_workspace
 
 DTYPES = (torch.float32, torch.bfloat16)
 CALLS = 3  # calls in a row, each on its own inputs
@@ -73,28 +73,6 @@ def test_results_stay_valid_across_calls(impl, device, check, case, dtype):
 
 # ----------------------------------------------------------------------------- the planted bug
 
-def _shared_workspace(base):
-    """`base` with every op returning, when called without `out=`, a view of one buffer it keeps and reuses
-    on every call (grown when too small): each result is right when it is returned, and overwritten by the
-    next call."""
-    ws: dict = {}
-
-    def wrap(fn):
-        def op(*args, out=None, **kwargs):
-            if out is not None:
-                return fn(*args, out=out, **kwargs)
-            y = fn(*args, **kwargs)
-            buf = ws.get("buf")
-            if buf is None or buf.numel() < y.numel() or buf.dtype != y.dtype or buf.device != y.device:
-                buf = ws["buf"] = torch.empty(y.numel(), dtype=y.dtype, device=y.device)
-            view = buf[:y.numel()].view(y.shape)
-            view.copy_(y)
-            return view
-        return op
-    return dataclasses.replace(base, name=f"{base.name}[shared workspace]",
-                               ops={name: wrap(fn) for name, fn in base.ops.items()})
-
-
 @pytest.mark.parametrize("op", sorted(SPECS))
 def test_shared_workspace_is_caught(op):
     """The planted implementation returning views of one reused buffer: every single result matches the
@@ -103,7 +81,7 @@ def test_shared_workspace_is_caught(op):
     base = registry.get("torch")
     sp = SPECS[op]
     shape = sp.shapes["contract"][0]
-    broken = _shared_workspace(base)
+    broken = shared_workspace(base)
     check = Checker("planted", "cpu")
     for seed in range(CALLS):  # one call at a time: right
         pos, opt = sp.split(sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(seed)))

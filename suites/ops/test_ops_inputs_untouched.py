@@ -7,19 +7,17 @@ optional inputs) and every implementation, the test snapshots each tensor argume
 calls the op and compares. A planted in-place bug (a decode op that applies dt_bias and softplus to the
 caller's `dt` and then runs with them switched off: outputs and states stay right) passes every
 output and state check and is caught only here."""
-import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from harness.impls import registry
 from harness.impls.reference_impl import oracle
 from harness.ops import SPECS
-from harness.selftest import wrap_op
 from harness.testing.checks import poison_
 from harness.testing.optest import (assert_inputs_unchanged, contract_variants, require, run_pool_case,
                                     snapshot_inputs)
+from harness.testing.planted import dt_in_place
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -58,29 +56,13 @@ def test_op_leaves_its_inputs_unchanged(impl, device, case, dtype):
 
 # ----------------------------------------------------------------------------- the planted bug
 
-def _dt_in_place(base):
-    """`base` with a selective_state_update that turns the caller's dt into softplus(dt + dt_bias) in
-    place and then runs the op with the bias and the softplus switched off: y and the state are right,
-    the caller's dt is not."""
-    def before(a):
-        if a["dt_bias"] is not None:
-            a["dt"].add_(a["dt_bias"].to(a["dt"].dtype))
-            a["dt_bias"] = None
-        if a.get("dt_softplus", True):
-            a["dt"].copy_(F.softplus(a["dt"]))
-            a["dt_softplus"] = False
-        return a
-    op = wrap_op("selective_state_update", base.ops["selective_state_update"], before)
-    return dataclasses.replace(base, name=f"{base.name}[dt in place]", ops={**base.ops, "selective_state_update": op})
-
-
 @pytest.mark.parametrize("layout", ["mamba1", "mamba2"])
 def test_in_place_dt_is_caught_only_by_the_input_check(check, layout):
     """The planted decode op that rewrites the caller's dt in place: its y and state match the float64
     oracle (the output and state checks alone let it through), the input check names `dt`, and so does
     `run_pool_case`, which every pool-op suite calls."""
     sp, shape = CASES[f"selective_state_update/{layout}-full"]
-    broken = _dt_in_place(registry.get("torch"))
+    broken = dt_in_place(registry.get("torch"))
     kw = sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
     pos, opt = sp.split(kw)
     y_ref, pool_ref = oracle(sp.name, *pos, **opt)

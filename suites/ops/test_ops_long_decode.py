@@ -26,7 +26,6 @@ Slots the batch does not name and pads' stay bitwise unchanged over the whole ru
 CPU time: the reference and torch implementations run 200 steps; Triton under the interpreter runs 40
 (the interpreter costs milliseconds per program per step), on shapes of a few dozen state elements.
 """
-import dataclasses
 import math
 
 import pytest
@@ -35,10 +34,10 @@ import torch
 from harness.impls import registry
 from harness.impls.reference_impl import oracle
 from harness.ops import PAD_SLOT_ID, SPECS
-from harness.selftest import wrap_op
 from harness.testing import make_pool
 from harness.testing.checks import Tolerance, assert_bitwise_equal, tolerance_for
 from harness.testing.optest import coarser, interp_small, require, run_pool_case
+from harness.testing.planted import activation, state_in_activation_dtype
 from reference.testing import gen
 
 STEPS = 200
@@ -70,10 +69,6 @@ def budget(n: int, act: torch.dtype, state: torch.dtype) -> tuple[Tolerance, Tol
     return s, Tolerance(s.atol + a.atol, s.rtol + a.rtol, s.ratio + a.ratio)
 
 
-def _activation(sp, kw) -> torch.Tensor:
-    return kw["v"] if "v" in sp.args else kw["x"]
-
-
 def run_long_decode(check, impl, case: str, dtype: torch.dtype, device: str, steps: int, seed: int = 0) -> None:
     """Run `steps` decode steps of `case` with `impl` and with the float64 oracle from the same pool, checking
     y every step, the live slots at the checkpoints and the other slots at the end (see the module docstring)."""
@@ -98,7 +93,7 @@ def run_long_decode(check, impl, case: str, dtype: torch.dtype, device: str, ste
         ref_pos = [ref_pool if a == sp.pool else p for a, p in zip(sp.args, pos)]
         y_ref, ref_pool = oracle(op, *ref_pos, **opt)
         y = fn(*pos, **opt)
-        tol_s, tol_y = budget(n, _activation(sp, kw).dtype, state_prec)
+        tol_s, tol_y = budget(n, activation(sp, kw).dtype, state_prec)
         info = dict(op=op, impl=impl, dtype=dtype, shapes=dict(case=case, step=n, steps=steps), seed=seed,
                     context=f"decode step {n} of {steps}; budget: state {tol_s.ratio:.2e}, y {tol_y.ratio:.2e}")
         check.close(f"{op}.y at step {n}", y[rows], y_ref[rows.to(y_ref.device)], tol=tol_y, **info)
@@ -121,22 +116,6 @@ def test_long_decode_matches_oracle_step_by_step(impl, device, check, case, dtyp
 
 # ----------------------------------------------------------------------------- the planted bug
 
-def _state_in_activation_dtype(base):
-    """`base` whose decode ops round the named slots to the activations' dtype after every step (a state
-    kept in bf16 between steps, stored into the fp32 pool): right to one bf16 rounding after one step,
-    drifting over many."""
-    def after(a, y, op):
-        sp = SPECS[op]
-        pool, act = a[sp.pool], _activation(sp, a).dtype
-        idx = a[sp.index].long()
-        idx = idx[idx != PAD_SLOT_ID]
-        pool[idx] = pool[idx].to(act).to(pool.dtype)
-
-    ops = {op: wrap_op(op, base.ops[op], after=lambda a, y, op=op: after(a, y, op))
-           for op in ("selective_state_update", "gated_delta_rule_update", "kda_update")}
-    return dataclasses.replace(base, name=f"{base.name}[state in bf16 between steps]", ops={**base.ops, **ops})
-
-
 @pytest.mark.parametrize("case", ["selective_state_update/mamba1", "selective_state_update/mamba2",
                                   "gated_delta_rule_update", "kda_update"])
 def test_state_kept_in_bf16_passes_one_step_and_is_caught_over_many(check, case):
@@ -144,13 +123,13 @@ def test_state_kept_in_bf16_passes_one_step_and_is_caught_over_many(check, case)
     suites make (`run_pool_case`, bf16 activations, fp32 pool: the state judged at bf16's precision) and
     fails the long decode; the unbroken op passes both."""
     torch_impl = registry.get("torch")
-    broken = _state_in_activation_dtype(torch_impl)
+    broken = state_in_activation_dtype(torch_impl)
     op, shape, _ = CASES[case]
     sp = SPECS[op]
     kw = sp.inputs(shape, torch.bfloat16, "cpu", gen(1))
     pos, opt = sp.split(kw)
     run_pool_case(check, broken, op, pos, opt, pool_pos=sp.args.index(sp.pool),
-                  live_slots=kw[sp.index].tolist(), y_mask=None, dtype=torch.bfloat16, out_like=_activation(sp, kw))
+                  live_slots=kw[sp.index].tolist(), y_mask=None, dtype=torch.bfloat16, out_like=activation(sp, kw))
     with pytest.raises(AssertionError, match=r"state\[live slots\] after step"):
         run_long_decode(check, broken, case, torch.bfloat16, "cpu", STEPS)
     run_long_decode(check, torch_impl, case, torch.bfloat16, "cpu", STEPS)

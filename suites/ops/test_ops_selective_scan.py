@@ -12,6 +12,7 @@ from harness.impls import registry
 from harness.testing.optest import ALL_DTYPES, impl_tiles, interp_small, tile_lengths, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, require, require_nightly_gpu, run_pool_case, token_mask
 from reference.testing import cu_seqlens_from, gen, seqlens
 from harness.testing import LAYOUTS, choose_slots, make_pool
+from harness.testing.planted import restarts_at_tiles
 
 DT_IDS = [str(d).replace("torch.", "") for d in ALL_DTYPES]
 OP = "selective_scan_varlen"
@@ -116,30 +117,6 @@ def test_selective_scan_offsets_past_2_31(impl, device, check):
 
 # ----------------------------------------------------------------------------- the planted bug
 
-def _restarts_at_tiles(base):
-    """`base`'s selective scan run on each sequence in pieces of its declared tile (`Impl.tiles`), every piece
-    after the first from a zero state instead of the state carried from the piece before: a kernel that drops
-    its carried state at an internal chunk boundary. Exact for sequences no longer than one tile."""
-    fn, tile = base.ops[OP], base.tiles[OP][0]
-
-    def op(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc, cache_indices, has_initial_state,
-           *, out=None, **kw):
-        from harness import ops
-        ops.validate_selective_scan_varlen(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc,
-                                           cache_indices, has_initial_state, out=out)
-        y = out if out is not None else torch.empty_like(u)
-        q = query_start_loc.tolist()
-        for i in range(len(q) - 1):
-            for p0 in list(range(q[i], q[i + 1], tile)) or [q[i]]:
-                r = slice(p0, min(p0 + tile, q[i + 1]))
-                init = has_initial_state[i:i + 1] if p0 == q[i] else torch.zeros_like(has_initial_state[i:i + 1])
-                qsl = torch.tensor([0, r.stop - r.start], dtype=query_start_loc.dtype, device=u.device)
-                fn(u[r], delta[r], A, B[r], C[r], D, None if z is None else z[r], delta_bias, ssm_states, qsl,
-                   cache_indices[i:i + 1], init, out=y[r], **kw)
-        return y
-    return dataclasses.replace(base, name=f"{base.name}[state dropped every {tile} tokens]", ops={OP: op})
-
-
 def _search(impl, lengths):
     """Run the suite's case (float32, CPU feature sizes) on `impl` under the CI profile's settings
     (derandomized, its example count), with request lengths from `lengths`; the first failure or None."""
@@ -166,7 +143,7 @@ def test_state_dropped_at_a_tile_boundary_is_caught_only_by_tiled_lengths():
     request longer than 40 tokens, so at the CI profile's example count (8, derandomized) it finds nothing --
     measured: 0 failures in its 8 examples, and none possible at any count; `tiled_seqlens` (lengths 63, 64,
     65, 127, 128, 129 mixed in) fails it within the same 8 examples. The unbroken scan passes the same search."""
-    broken = _restarts_at_tiles(registry.get("torch"))
+    broken = restarts_at_tiles(registry.get("torch"))
     old = seqlens(edge_lengths=True, max_seqs=5, max_len=40)
     assert _search(broken, old) is None, "the former length strategy was expected to miss the planted bug"
     err = _search(broken, None)
