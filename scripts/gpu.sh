@@ -18,7 +18,8 @@
 #              beside busy test workers; the tp step runs first on both GPUs. Without suites or peers to run,
 #              the bench step times on both GPUs at once (Mamba ops on GPU 0, delta-rule and speculative
 #              ops on GPU 1, each process pinned to its own quarter of the cores).
-#   --resume   logs folder of an earlier run cut by its budget: the suites and peers steps run only the tests
+#   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
+#              outcome files too): the suites and peers steps run only the tests
 #              its outcome files do not record as passed or skipped, and add their records to the baseline
 #              folder's results files instead of replacing them
 #
@@ -26,7 +27,7 @@
 #   env         env.json: versions, GPU, clocks, peers found; each later step adds its exit code and seconds
 #   tp          (only when named; 2 GPUs) the tensor-parallel suite over NCCL, TP = 2 against TP = 1 for
 #               every family, ours                                                       -> results-tp.jsonl
-#   suites      pytest suites/ --device cuda --impl triton --impl torch               -> results.jsonl
+#   suites      pytest suites/ --device cuda --impl triton --impl torch  -> results.jsonl, outcomes.jsonl
 #   bench       harness bench --device cuda, once the peers' CUDA extensions are built: ours, the peers'
 #               adapters and the peers' own kernels (mamba_ssm's CUDA scan and Triton state update, SSD
 #               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
@@ -54,7 +55,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8; GPUS=1; RESUME=""
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
@@ -125,9 +126,9 @@ resume_args() { [ -n "$RESUME" ] && [ -s "$RESUME/$1" ] && echo "--resume $RESUM
 
 for s in ${STEPS//,/ }; do
   case "$s" in
-    suites) [ -n "$RESUME" ] || rm -f "$DIR/results.jsonl" ;;
-    peers) [ -n "$RESUME" ] || rm -f "$DIR/results-peers.jsonl" ;;
-    tp) rm -f "$DIR/results-tp.jsonl" ;;
+    suites) [ -n "$RESUME" ] || rm -f "$DIR/results.jsonl" "$DIR/outcomes.jsonl" ;;
+    peers) [ -n "$RESUME" ] || rm -f "$DIR/results-peers.jsonl" "$DIR/outcomes-peers.jsonl" ;;
+    tp) rm -f "$DIR/results-tp.jsonl" "$DIR/outcomes-tp.jsonl" ;;
     bench) rm -f "$DIR/bench.jsonl" ;;
     throughput) rm -f "$DIR/throughput.jsonl" ;;
     env) rm -f "$DIR/env.json" ;;
@@ -165,7 +166,7 @@ step_tp() {
   local t rc; t=$(date +%s)
   timeout "$(limit ${TPAR_S:-300})" python3 -m pytest suites/engine/test_engine_tp.py --impl triton --impl torch \
     $PYTEST_COMMON --results "$LOGS/results-tp.jsonl" --outcomes "$LOGS/outcomes-tp.jsonl" > "$LOGS/tp.txt" 2>&1
-  rc=$?; place results-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
+  rc=$?; place results-tp.jsonl outcomes-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
   log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
 }
 
@@ -176,7 +177,7 @@ step_suites() {
   timeout "$(limit ${SUITES_S:-1500})" env PYTHONPATH="$OURS_PATH" python3 -m pytest suites/ --impl triton --impl torch \
     $PYTEST_COMMON -n "$WORKERS" $(resume_args outcomes.jsonl) --results "$LOGS/results.jsonl" \
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
-  rc=$?; place results.jsonl; note suites $rc $(( $(date +%s) - t ))
+  rc=$?; place results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
   log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
 }
 
@@ -255,7 +256,7 @@ step_peers() {
     -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" \
     $(resume_args outcomes-peers.jsonl) --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
-  rc=$?; place results-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
+  rc=$?; place results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
 }
 
