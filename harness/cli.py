@@ -106,10 +106,8 @@ def cmd_run(args) -> int:
         print(f"\nharness run [{steps.index(name) + 1}/{len(steps)}] {name}: {what}", flush=True)
 
     cmd = suite_command(args, root, results, outcomes)
-    # the suites are a pytest run of their own: a caller's pytest-xdist worker variables would make
-    # their plugin act as a worker (no outcomes file, no bench timing)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST_", "PYTEST_CURRENT_TEST"))}
-    env.update(HARNESS_RUN_ID=run_id, HF_HUB_OFFLINE="1")
+    from harness.env import child_pytest_env
+    env = child_pytest_env(HARNESS_RUN_ID=run_id, HF_HUB_OFFLINE="1")
     step("suites", " ".join(cmd[1:]))
     rc = subprocess.call(cmd, cwd=root, env=env)
     if rc not in (0, 1):

@@ -159,3 +159,13 @@ def environment(device: str = "cpu") -> dict:
         env["sm_count"] = props.multi_processor_count
         env["capability"] = f"{props.major}.{props.minor}"
     return env
+
+
+def child_pytest_env(**extra) -> dict:
+    """The environment for a pytest run of its own started from this process: without a caller's
+    pytest-xdist worker variables (they would make the child's plugin act as a worker: no outcomes file, no
+    bench timing) or its current-test variable; `extra` added."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST_", "PYTEST_CURRENT_TEST"))}
+    env.update(extra)
+    return env
+

@@ -146,8 +146,9 @@ def _run(args: list[str], root: str, timeout: float) -> tuple[int, list[dict], s
     """pytest `args` in a subprocess from `root`: (exit code, its --outcomes lines, the output's tail)."""
     with tempfile.TemporaryDirectory(prefix="harness-selftest-") as tmp:
         out = os.path.join(tmp, "outcomes.jsonl")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                   HYPOTHESIS_STORAGE_DIRECTORY=os.path.join(tmp, "hypothesis"))
+        from harness.env import child_pytest_env
+        env = child_pytest_env(PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                               HYPOTHESIS_STORAGE_DIRECTORY=os.path.join(tmp, "hypothesis"))
         try:
             p = subprocess.run([sys.executable, "-m", "pytest", *args, "--outcomes", out], cwd=root, env=env,
                                capture_output=True, text=True, timeout=timeout)

@@ -70,12 +70,12 @@ def _py_files():
 
 @pytest.mark.parametrize("name", OP_NAMES)
 def test_op_name_is_not_spread(name):
-    """Outside the op's own files (its spec, its implementations and adapters, the peers' native kernels and
-    our kernels' launch-config candidates in the benchmarks, the reference, the mixer families that compose
-    it) and the test suites, an op's literal name appears in at most 4 files of the
+    """Outside the op's own files (its spec, its implementations and adapters, the planted broken
+    implementations of the selftest, the peers' native kernels and our kernels' launch-config candidates in
+    the benchmarks, the reference, the mixer families that compose it) and the test suites, an op's literal name appears in at most 4 files of the
     product: everything else derives what it needs from the spec."""
     own = re.compile(r"^(harness/ops/|harness/impls/|reference/|harness/engine/families/|suites/|"
-                     r"harness/bench/peers\.py|harness/bench/sweep\.py)")
+                     r"harness/bench/peers\.py|harness/bench/sweep\.py|harness/testing/planted\.py)")
     pat = re.compile(rf"[\"']{name}[\"']")
     users = sorted(rel for rel, text in _py_files() if pat.search(text) and not own.search(rel))
     assert len(users) <= 4, f"{name!r} is written out in {len(users)} files outside its own: {users}"
