@@ -4,7 +4,8 @@ Qwen3-Next / Kimi Linear) built from the reference mixers and attention layers.
     x        = embedding[tokens]
     residual = x                                   (float32 at least when residual_in_fp32)
     for each layer:  residual = residual + token_mixer(rms_norm(residual, layers.i.norm.weight))
-                     residual = residual + mlp(rms_norm(residual, layers.i.mlp_norm.weight))  (if it has one)
+                     residual = residual + mlp(rms_norm(residual, layers.i.mlp_norm.weight))  (if it has one:
+                                                      dense or a mixture of experts, the family's make_mlp)
     logits   = rms_norm(residual, norm_f.weight) @ lm_head.weight^T   (lm_head tied or loaded)
 
 The token mixer of a layer is the family's mixer or, in a hybrid model's full-attention layers, its
@@ -31,7 +32,6 @@ from typing import Sequence
 
 import torch
 
-from reference.attention import gated_mlp
 from reference.mixers import MixerOps, make_mixer, reference_ops
 from reference.validate import fail
 
@@ -128,8 +128,8 @@ class ReferenceLM:
             self.mixers.append(mixer)
             self.attns.append(attn)
             mlp = sub(f"layers.{i}.mlp.")
-            self.mlps.append((self._params[f"layers.{i}.mlp_norm.weight"] + off, mlp["gate_proj.weight"],
-                              mlp["up_proj.weight"], mlp["down_proj.weight"]) if mlp else None)
+            self.mlps.append((self._params[f"layers.{i}.mlp_norm.weight"] + off, fam.make_mlp(cfg, i, mlp))
+                             if mlp else None)
         low = dtype in (torch.float16, torch.bfloat16)
         self.residual_dtype = torch.float32 if (cfg.residual_in_fp32 and low) else dtype
 
@@ -185,9 +185,9 @@ class ReferenceLM:
             out, c, s, kv = run_layer(i, h)
             residual = residual + out.to(self.residual_dtype)
             if self.mlps[i] is not None:
-                norm, gate, up, down = self.mlps[i]
+                norm, mlp = self.mlps[i]
                 h = self.ops.rms_norm(residual.to(self.dtype), norm, self.cfg.norm_eps)
-                residual = residual + gated_mlp(h, gate, up, down).to(self.residual_dtype)
+                residual = residual + mlp(h).to(self.residual_dtype)
             conv_out.append(c)
             ssm_out.append(s)
             kv_out.append(kv)

@@ -14,20 +14,138 @@ Our names: ``layers.{i}.norm.weight``, ``layers.{i}.mixer.*`` or ``layers.{i}.at
 ``layers.{i}.mlp_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``; the checkpoints' keys
 (``model.layers.{i}.input_layernorm.weight``, ``...linear_attn.*`` / ``...self_attn.*``,
 ``...post_attention_layernorm.weight``, ``...mlp.*``, ``model.embed_tokens.weight``, ``model.norm.weight``,
-``lm_head.weight``) map by exact names per layer type. MLP layers that are mixtures of experts (Qwen3-Next
-with ``num_experts > 0``, Kimi Linear's ``sparse`` layers) are recorded in the config but not modelled:
-asking for their parameters is a ValueError.
+``lm_head.weight``) map by exact names per layer type.
+
+MLP layers that are mixtures of experts (``mlp_layer_types[i] == "sparse"``: Qwen3-Next with
+``num_experts > 0``, Kimi Linear after its ``first_k_dense_replace`` dense layers) are described by a
+:class:`MoESpec` (the config field ``moe``) and computed, per token, as transformers' sparse MoE blocks do::
+
+    logits   = router(x)                                        (num_experts,)
+    top-k    softmax router (Qwen3-Next): p = softmax(logits); the k largest p, divided by their sum when
+                 norm_topk_prob
+             sigmoid router (Kimi Linear): s = sigmoid(logits); the k largest s + bias (e_score_correction_bias)
+                 among the topk_group best of n_group expert groups (a group's score: the sum of its two
+                 largest s + bias); weights s of the chosen, divided by their sum (+ 1e-20) when
+                 norm_topk_prob, times routed_scaling_factor
+    y        = sum over the chosen experts e of weight_e * down_e(silu(gate_e(x)) * up_e(x))
+             + shared(x)                       (a SwiGLU MLP; Qwen3-Next scales it by sigmoid(shared_gate(x)))
+
+Our names under ``layers.{i}.mlp.``: ``router.weight`` (E, d), ``router.bias`` (E,) (sigmoid router only),
+``experts.{e}.{gate,up,down}_proj.weight``, ``shared.{gate,up,down}_proj.weight`` and ``shared_gate.weight``
+(1, d) (Qwen3-Next). The checkpoints store every expert under its own keys (as transformers' save_pretrained
+writes them; its in-memory fused ``experts.gate_up_proj`` is not a checkpoint name): see each family's
+``moe_names``.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
+import torch
+
+from reference.attention import gated_mlp
 from reference.config import MAX_CONV, MAX_INNER, err, get_float, get_int, short
 from reference.families import Family
 from reference.validate import fail
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 MLP_TYPES = ("dense", "sparse")
+ROUTERS = ("softmax", "sigmoid")
+PROJ = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP (see the module doc): `num_experts` SwiGLU experts of `inter` channels, `top_k`
+    of them per token chosen by a `router` of ROUTERS (``sigmoid``: with a score-correction bias, expert
+    groups `n_group` / `topk_group`); the chosen weights renormalised when `norm_topk_prob`, scaled by
+    `scaling`; a shared expert of `shared_inter` channels (0: none), gated by sigmoid(shared_gate(x)) when
+    `shared_gate`."""
+    num_experts: int
+    top_k: int
+    inter: int
+    router: str = "softmax"
+    norm_topk_prob: bool = True
+    scaling: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    shared_inter: int = 0
+    shared_gate: bool = False
+
+    def __post_init__(self):
+        if self.router not in ROUTERS:
+            fail("moe.router", f"one of {list(ROUTERS)}", repr(self.router))
+        if not 1 <= self.top_k <= self.num_experts:
+            fail("moe.top_k", f"an int in [1, num_experts = {self.num_experts}]", self.top_k)
+        if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            fail("moe.n_group", f"a divisor of num_experts = {self.num_experts} with topk_group in [1, n_group]",
+                 f"n_group {self.n_group}, topk_group {self.topk_group}")
+        if self.n_group > 1 and self.num_experts // self.n_group < 2:
+            fail("moe.n_group", f"groups of >= 2 experts (num_experts = {self.num_experts})", self.n_group)
+        if self.n_group > 1 and self.router != "sigmoid":
+            fail("moe.n_group", "1 with a softmax router", self.n_group)
+        if self.top_k > self.topk_group * (self.num_experts // self.n_group):
+            fail("moe.top_k", f"at most the experts of topk_group = {self.topk_group} groups", self.top_k)
+
+    def shapes(self, d_model: int) -> dict:
+        """Parameter shapes of one MoE layer (names relative to ``layers.{i}.mlp.``)."""
+        E, I, d = self.num_experts, self.inter, d_model
+        shapes = {"router.weight": (E, d)}
+        if self.router == "sigmoid":
+            shapes["router.bias"] = (E,)
+        for e in range(E):
+            shapes.update({f"experts.{e}.gate_proj.weight": (I, d), f"experts.{e}.up_proj.weight": (I, d),
+                           f"experts.{e}.down_proj.weight": (d, I)})
+        if self.shared_inter:
+            S = self.shared_inter
+            shapes.update({"shared.gate_proj.weight": (S, d), "shared.up_proj.weight": (S, d),
+                           "shared.down_proj.weight": (d, S)})
+        if self.shared_gate:
+            shapes["shared_gate.weight"] = (1, d)
+        return shapes
+
+
+def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
+    """[(expert, weight), ...] of ONE token's router logits (num_experts,), as the module doc says."""
+    if moe.router == "softmax":
+        probs = torch.softmax(logits, dim=-1)
+        top = torch.topk(probs, moe.top_k)
+        chosen, weights = top.indices, top.values
+    else:
+        scores = torch.sigmoid(logits)
+        choice = scores + bias
+        if moe.n_group > 1:
+            size = moe.num_experts // moe.n_group
+            group_score = [float(torch.topk(choice[g * size:(g + 1) * size], 2).values.sum())
+                           for g in range(moe.n_group)]
+            keep = sorted(range(moe.n_group), key=lambda g: -group_score[g])[:moe.topk_group]
+            masked = torch.full_like(choice, float("-inf"))
+            for g in keep:
+                masked[g * size:(g + 1) * size] = choice[g * size:(g + 1) * size]
+            choice = masked
+        chosen = torch.topk(choice, moe.top_k).indices
+        weights = scores[chosen]
+    if moe.norm_topk_prob:
+        weights = weights / (weights.sum() + (1e-20 if moe.router == "sigmoid" else 0.0))
+    weights = weights * moe.scaling
+    return [(int(e), w) for e, w in zip(chosen, weights)]
+
+
+def moe_mlp(x: torch.Tensor, p: dict, moe: MoESpec) -> torch.Tensor:
+    """The MoE MLP of rows x (n, d) with parameters `p` (our names relative to ``layers.{i}.mlp.``): one token
+    at a time, each of its chosen experts a SwiGLU MLP, their weighted sum plus the (gated) shared expert."""
+    out = torch.zeros_like(x)
+    logits = x @ p["router.weight"].t()
+    for t in range(x.shape[0]):
+        row = x[t:t + 1]
+        for e, w in route(logits[t], moe, p.get("router.bias")):
+            out[t] += w * gated_mlp(row, *(p[f"experts.{e}.{n}.weight"] for n in PROJ))[0]
+    if moe.shared_inter:
+        shared = gated_mlp(x, *(p[f"shared.{n}.weight"] for n in PROJ))
+        if moe.shared_gate:
+            shared = torch.sigmoid(x @ p["shared_gate.weight"].t()) * shared
+        out = out + shared
+    return out
 
 
 def hf_delta_common(raw: dict, common: dict, where) -> dict:
@@ -68,6 +186,24 @@ def get_mlp_layer_types(raw: dict, where, n_layer: int, default) -> tuple:
     return tuple(v)
 
 
+def build_mlp_types(n_layer: int, moe, mlp_layer_types=None) -> tuple:
+    """`mlp_layer_types` of a built config (default: all "sparse" with a MoESpec `moe`, else all "dense");
+    "sparse" layers need `moe`."""
+    types = tuple(mlp_layer_types) if mlp_layer_types is not None else ("sparse" if moe else "dense",) * n_layer
+    if len(types) != n_layer or any(t not in MLP_TYPES for t in types):
+        fail("mlp_layer_types", f"{n_layer} entries of {list(MLP_TYPES)}", list(types))
+    if moe is not None and not isinstance(moe, MoESpec):
+        fail("moe", "a MoESpec or None", type(moe).__name__)
+    if "sparse" in types and moe is None:
+        fail("moe", "a MoESpec (mlp_layer_types has 'sparse' layers)", None)
+    return types
+
+
+def get_alias(raw: dict, names: tuple) -> str:
+    """The first of `names` (one config value's spellings) that `raw` has, else the first."""
+    return next((n for n in names if raw.get(n) is not None), names[0])
+
+
 def get_intermediate_size(raw: dict, where, default: int) -> int:
     return get_int(raw, "intermediate_size", where, default, hi=MAX_INNER)
 
@@ -93,13 +229,28 @@ class HybridFamily(Family):
         """Shapes of one attention layer's parameters (names relative to ``layers.{i}.attn.``)."""
         raise NotImplementedError
 
+    def moe_names(self, cfg) -> dict:
+        """Checkpoint name (relative to ``layers.{i}.``) -> ours of an MoE layer's parameters ({}: the config
+        has no MoE layers)."""
+        raise NotImplementedError
+
     def mlp_shapes(self, cfg, layer: int) -> dict:
-        if cfg.mlp_layer_types[layer] != "dense":
-            fail(f"cfg.mlp_layer_types[{layer}]", "'dense' (mixture-of-experts MLP layers are not modelled yet)",
-                 repr(cfg.mlp_layer_types[layer]))
-        d, inner = cfg.d_model, cfg.intermediate_size
+        d = cfg.d_model
+        if cfg.mlp_layer_types[layer] == "sparse":
+            if cfg.moe is None:
+                fail("cfg.moe", f"a MoESpec (cfg.mlp_layer_types[{layer}] is 'sparse')", None)
+            return {"mlp_norm.weight": (d,), **{f"mlp.{k}": s for k, s in cfg.moe.shapes(d).items()}}
+        inner = cfg.intermediate_size
         return {"mlp_norm.weight": (d,), "mlp.gate_proj.weight": (inner, d), "mlp.up_proj.weight": (inner, d),
                 "mlp.down_proj.weight": (d, inner)}
+
+    def make_mlp(self, cfg, layer: int, params: dict):
+        """The MLP of decoder layer `layer` as a function of its normed rows (n, d); `params`: its weights
+        (our names relative to ``layers.{i}.mlp.``, in the model's dtype)."""
+        if cfg.mlp_layer_types[layer] == "sparse":
+            return lambda x: moe_mlp(x, params, cfg.moe)
+        return lambda x: gated_mlp(x, params["gate_proj.weight"], params["up_proj.weight"],
+                                   params["down_proj.weight"])
 
     def layer_parameter_shapes(self, cfg, layer: int) -> dict:
         shapes = {"norm.weight": (cfg.d_model,)}
@@ -110,11 +261,12 @@ class HybridFamily(Family):
         shapes.update(self.mlp_shapes(cfg, layer))
         return shapes
 
-    def _layer_names(self, kind: str) -> dict:
-        """Checkpoint name (relative to ``layers.{i}.``) -> ours, for a layer of `kind`."""
+    def _layer_names(self, cfg, kind: str) -> dict:
+        """Checkpoint name (relative to ``layers.{i}.``) -> ours, for a layer of `kind` (its MLP dense or MoE:
+        the names of the other form are not expected in a layer, so the loader reports them)."""
         names = {"input_layernorm.weight": "norm.weight", "post_attention_layernorm.weight": "mlp_norm.weight"}
-        names.update({f"{m}.{p}.weight": f"mlp.{p}.weight" for m in self.mlp_modules
-                      for p in ("gate_proj", "up_proj", "down_proj")})
+        names.update({f"{m}.{p}.weight": f"mlp.{p}.weight" for m in self.mlp_modules for p in PROJ})
+        names.update(self.moe_names(cfg))
         if kind == "mixer":
             names.update({f"{self.mixer_module}.{n}": f"mixer.{n}" for n in self.mixer_parameter_names})
         else:
@@ -134,11 +286,11 @@ class HybridFamily(Family):
         i, name = int(m.group(1)), m.group(2)
         kinds = self.layer_kinds(cfg)
         if i >= len(kinds):  # a layer the config does not have: the loader reports the key as unexpected
-            known = {**self._layer_names("mixer"), **self._layer_names("attention")}
+            known = {**self._layer_names(cfg, "mixer"), **self._layer_names(cfg, "attention")}
             return f"layers.{i}.{known[name]}" if name in known else None
-        ours = self._layer_names(kinds[i]).get(name)
+        ours = self._layer_names(cfg, kinds[i]).get(name)
         if ours is None:  # e.g. an attention parameter in a linear-attention layer: unexpected, not ignored
-            other = self._layer_names("attention" if kinds[i] == "mixer" else "mixer").get(name)
+            other = self._layer_names(cfg, "attention" if kinds[i] == "mixer" else "mixer").get(name)
             return None if other is None else f"layers.{i}.{other}"
         return f"layers.{i}.{ours}"
 

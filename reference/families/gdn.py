@@ -24,7 +24,12 @@ mixer's gated norm is a plain weight). The full-attention layer (H heads, H_kv k
     o       = causal_attention(q, k, v_proj(h), scale D ** -0.5)
     out     = o_proj(o * sigmoid(gate))
 
-The MLP is dense (``num_experts`` 0 or the layer in ``mlp_only_layers``); MoE layers are recorded only.
+The MLP is dense (``num_experts`` 0 or the layer in ``mlp_only_layers``) or a mixture of experts
+(``reference.families._delta``: softmax router over ``num_experts`` experts of ``moe_intermediate_size``,
+``num_experts_per_tok`` per token, renormalised when ``norm_topk_prob``; a shared expert of
+``shared_expert_intermediate_size`` scaled by sigmoid(shared_expert_gate(x))). Checkpoint keys of an MoE
+layer: ``mlp.gate.weight`` (router), ``mlp.experts.{e}.{gate,up,down}_proj.weight``,
+``mlp.shared_expert.{gate,up,down}_proj.weight``, ``mlp.shared_expert_gate.weight``.
 This mixer and attention are independent of the engine's (``harness/engine/families/gdn.py``) on purpose:
 the oracle shares no code with what it checks.
 """
@@ -37,10 +42,11 @@ import torch
 from reference import delta_rule
 from reference.attention import Attention, rotary
 from reference.cache import GDNSpec, KVSpec
-from reference.config import MAX_CHUNK, MAX_STATE, ModelConfig, err, get_bool, get_float, get_int, hf_common_dict, short
+from reference.config import (MAX_CHUNK, MAX_INNER, MAX_STATE, ModelConfig, err, get_bool, get_float, get_int,
+                              hf_common_dict, short)
 from reference.families import common_fields, register
-from reference.families._delta import (HybridFamily, get_intermediate_size, get_layer_types, hf_delta_common,
-                                       hf_delta_dict)
+from reference.families._delta import (PROJ, HybridFamily, MoESpec, build_mlp_types, get_intermediate_size,
+                                       get_layer_types, hf_delta_common, hf_delta_dict)
 from reference.mixers import Mixer, cast, linear
 from reference.validate import fail
 
@@ -64,6 +70,7 @@ class GDNFields:
     attn_bias: bool = False
     intermediate_size: int = 5632
     mlp_layer_types: tuple = ()
+    moe: MoESpec | None = None
 
     @property
     def key_dim(self) -> int:
@@ -120,6 +127,19 @@ def qwen3_next_mlp_types(raw: dict, where, n_layer: int) -> tuple:
                  for i in range(n_layer))
 
 
+def qwen3_next_moe(raw: dict, where, mlp_types: tuple):
+    """The MoESpec of a Qwen3-Next config with MoE layers (None without): num_experts, num_experts_per_tok,
+    moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob (transformers' defaults)."""
+    if "sparse" not in mlp_types:
+        return None
+    experts = get_int(raw, "num_experts", where, 512, hi=1 << 20)
+    return MoESpec(num_experts=experts, top_k=get_int(raw, "num_experts_per_tok", where, 10, hi=experts),
+                   inter=get_int(raw, "moe_intermediate_size", where, 512, hi=MAX_INNER), router="softmax",
+                   norm_topk_prob=get_bool(raw, "norm_topk_prob", where, True),
+                   shared_inter=get_int(raw, "shared_expert_intermediate_size", where, 512, hi=MAX_INNER),
+                   shared_gate=True)
+
+
 class GDNFamily(HybridFamily):
     name = "gdn"
     fields = GDNFields
@@ -154,11 +174,12 @@ class GDNFamily(HybridFamily):
             raise err(where, f"num_key_value_heads: expected a divisor of num_attention_heads = {heads}, got {kv_heads}")
         head_dim = get_int(raw, "head_dim", where, 256, hi=MAX_STATE)
         rotary_dim, theta = qwen3_next_rope(raw, where, head_dim)
+        mlp_types = qwen3_next_mlp_types(raw, where, common["n_layer"])
         fields = GDNFields(num_k_heads=hk, num_v_heads=hv, head_k_dim=kd, head_v_dim=vd, layer_types=layer_types,
                            attn_heads=heads, attn_kv_heads=kv_heads, attn_head_dim=head_dim, rotary_dim=rotary_dim,
                            rope_theta=theta, attn_bias=get_bool(raw, "attention_bias", where, False),
                            intermediate_size=get_intermediate_size(raw, where, 5632),
-                           mlp_layer_types=qwen3_next_mlp_types(raw, where, common["n_layer"]))
+                           mlp_layer_types=mlp_types, moe=qwen3_next_moe(raw, where, mlp_types))
         return ModelConfig(family=self.name, mixer=fields, chunk_size=chunk_size, **common)
 
     def from_state_spaces(self, raw, ssm, common, where):
@@ -177,17 +198,33 @@ class GDNFamily(HybridFamily):
 
     @staticmethod
     def _hf_mlp(cfg) -> dict:
-        if "sparse" in cfg.mlp_layer_types:
-            fail("cfg.mlp_layer_types", "dense layers only (a config with MoE layers is not written back)",
-                 list(cfg.mlp_layer_types))
-        return dict(num_experts=0, mlp_only_layers=[])
+        """The MLP keys: num_experts 0 for a dense model; else the MoE fields with the dense layers in
+        mlp_only_layers (decoder_sparse_step 1), which gives back cfg.mlp_layer_types."""
+        if cfg.moe is None:
+            return dict(num_experts=0, mlp_only_layers=[])
+        m = cfg.moe
+        if m.router != "softmax" or m.scaling != 1.0 or not m.shared_inter or not m.shared_gate:
+            fail("cfg.moe", "Qwen3-Next's MoE (softmax router, unscaled, a gated shared expert)", m)
+        return dict(num_experts=m.num_experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.inter,
+                    shared_expert_intermediate_size=m.shared_inter, norm_topk_prob=m.norm_topk_prob,
+                    decoder_sparse_step=1, mlp_only_layers=[i for i, t in enumerate(cfg.mlp_layer_types)
+                                                            if t == "dense"])
+
+    def moe_names(self, cfg) -> dict:
+        if cfg.moe is None:
+            return {}
+        names = {"mlp.gate.weight": "mlp.router.weight", "mlp.shared_expert_gate.weight": "mlp.shared_gate.weight"}
+        names.update({f"mlp.shared_expert.{p}.weight": f"mlp.shared.{p}.weight" for p in PROJ})
+        names.update({f"mlp.experts.{e}.{p}.weight": f"mlp.experts.{e}.{p}.weight"
+                      for e in range(cfg.moe.num_experts) for p in PROJ})
+        return names
 
     def build_config(self, *, d_model, n_layer, vocab, d_conv=4, expand=2, chunk_size=64, pad_vocab_size_multiple=1,
                      tie_embeddings=False, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
                      layer_types=None, attn_heads=16, attn_kv_heads=2, attn_head_dim=256, rotary_dim=64,
-                     intermediate_size=None):
-        """A dense model (MLP of `intermediate_size`, default 2 * d_model); `layer_types` default: linear
-        attention only."""
+                     intermediate_size=None, moe=None, mlp_layer_types=None):
+        """Dense MLPs of `intermediate_size` (default 2 * d_model), or with `moe` (a MoESpec) MoE MLPs in the
+        layers `mlp_layer_types` says "sparse" (default: all); `layer_types` default: linear attention only."""
         if num_v_heads % num_k_heads:
             fail("num_v_heads", f"a multiple of num_k_heads = {num_k_heads}", num_v_heads)
         common = common_fields(d_model=d_model, n_layer=n_layer, vocab=vocab, d_conv=d_conv,
@@ -198,7 +235,7 @@ class GDNFamily(HybridFamily):
             num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
             layer_types=types, attn_heads=attn_heads, attn_kv_heads=attn_kv_heads, attn_head_dim=attn_head_dim,
             rotary_dim=rotary_dim, intermediate_size=intermediate_size or 2 * d_model,
-            mlp_layer_types=("dense",) * n_layer), **common)
+            mlp_layer_types=build_mlp_types(n_layer, moe, mlp_layer_types), moe=moe), **common)
 
     def tiny_config(self, *, d_model=16, n_layer=2, vocab=60, d_state=None, d_conv=4, chunk_size=8):
         """Layers alternate linear and full attention (the last one full when n_layer > 1)."""

@@ -28,9 +28,17 @@ no rotary embedding applied; value heads of v_head_dim)::
     out            = o_proj(causal_attention(q, k, v, scale (nope + rope) ** -0.5))
 
 ``q_lora_rank`` must be null (q_proj unfactored) and num_key_value_heads == num_attention_heads (keys and
-values are expanded per head). Dense MLP layers (``mlp_layer_types`` "dense"; default: the first
-``first_k_dense_replace`` layers) are modelled, MoE layers recorded only. This mixer and attention are
-independent of the engine's (``harness/engine/families/kda.py``) on purpose.
+values are expanded per head). MLP layers are dense (``mlp_layer_types`` "dense"; default: the first
+``first_k_dense_replace`` layers) or mixtures of experts (``reference.families._delta``: a sigmoid router
+with ``e_score_correction_bias`` over ``num_experts`` experts of ``moe_intermediate_size`` in
+``num_expert_group`` groups, ``topk_group`` of them eligible, ``num_experts_per_token`` chosen per token,
+renormalised when ``moe_renormalize``, times ``routed_scaling_factor``; ``num_shared_experts`` *
+``moe_intermediate_size`` channels of shared expert, ungated; transformers' own spellings of these keys,
+``num_local_experts``, ``n_group`` ..., are read too). Checkpoint keys of an MoE layer (under
+``block_sparse_moe.``, or ``mlp.``): ``gate.weight``, ``gate.e_score_correction_bias``,
+``experts.{e}.w1.weight`` (gate), ``experts.{e}.w3.weight`` (up), ``experts.{e}.w2.weight`` (down),
+``shared_experts.{gate,up,down}_proj.weight``. This mixer and attention are independent of the engine's
+(``harness/engine/families/kda.py``) on purpose.
 """
 from __future__ import annotations
 
@@ -41,19 +49,22 @@ import torch
 from reference import delta_rule
 from reference.attention import Attention
 from reference.cache import KDASpec, KVSpec
-from reference.config import (MAX_CHUNK, MAX_CONV, MAX_STATE, ModelConfig, err, get_bool, get_int, hf_common_dict,
-                              short)
+from reference.config import (MAX_CHUNK, MAX_CONV, MAX_INNER, MAX_STATE, ModelConfig, err, get_bool, get_float,
+                              get_int, get_str, hf_common_dict, short)
 from reference.families import common_fields, register
-from reference.families._delta import (HybridFamily, get_intermediate_size, get_layer_types, get_mlp_layer_types,
-                                       hf_delta_common, hf_delta_dict)
+from reference.families._delta import (PROJ, HybridFamily, MoESpec, build_mlp_types, get_alias,
+                                       get_intermediate_size, get_layer_types, get_mlp_layer_types, hf_delta_common,
+                                       hf_delta_dict)
 from reference.mixers import Mixer, cast, linear
+from reference.validate import fail
 
 
 @dataclass(frozen=True)
 class KDAFields:
     """KDA's own config fields (HF: linear_num_heads, linear_head_dim, layer_types) and those of Kimi
     Linear's other layers (num_attention_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
-    v_head_dim, attention_bias, intermediate_size, and per layer "dense" or "sparse" (MoE) MLPs)."""
+    v_head_dim, attention_bias, intermediate_size, and per layer "dense" or "sparse" (MoE) MLPs; `moe`: the
+    MoE layers' MoESpec, None when there are none)."""
     num_heads: int
     head_dim: int
     layer_types: tuple = ()
@@ -65,6 +76,7 @@ class KDAFields:
     attn_bias: bool = False
     intermediate_size: int = 9216
     mlp_layer_types: tuple = ()
+    moe: MoESpec | None = None
 
     @property
     def qkv_dim(self) -> int:
@@ -95,6 +107,34 @@ def kimi_layer_types(raw: dict, where, n_layer: int, lac: dict) -> tuple:
         raise err(where, f"linear_attn_config: layer {types.index(None) + 1} is in neither kda_layers nor "
                          "full_attn_layers")
     return tuple(types)
+
+
+# (checkpoint spelling, transformers' attribute) of Kimi Linear's MoE keys
+KIMI_MOE_KEYS = {"experts": ("num_experts", "num_local_experts"),
+                 "top_k": ("num_experts_per_token", "num_experts_per_tok"),
+                 "shared": ("num_shared_experts", "n_shared_experts"), "norm": ("moe_renormalize", "norm_topk_prob"),
+                 "n_group": ("num_expert_group", "n_group")}
+
+
+def kimi_moe(raw: dict, where, mlp_types: tuple):
+    """The MoESpec of a Kimi Linear config with MoE layers (None without); transformers' defaults."""
+    if "sparse" not in mlp_types:
+        return None
+    get_str(raw, "moe_router_activation_func", where, "sigmoid", ("sigmoid",))
+    key = {k: get_alias(raw, names) for k, names in KIMI_MOE_KEYS.items()}
+    experts = get_int(raw, key["experts"], where, 256, hi=1 << 20)
+    n_group = get_int(raw, key["n_group"], where, 1, hi=experts)
+    topk_group = get_int(raw, "topk_group", where, 1, hi=n_group)
+    if experts % n_group or (n_group > 1 and experts // n_group < 2):
+        raise err(where, f"{key['n_group']}: expected a divisor of {key['experts']} = {experts} giving groups of >= 2 "
+                         f"experts, got {n_group}")
+    eligible = experts if n_group == 1 else topk_group * (experts // n_group)
+    inter = get_int(raw, "moe_intermediate_size", where, 1024, hi=MAX_INNER)
+    return MoESpec(num_experts=experts, top_k=get_int(raw, key["top_k"], where, 8, hi=eligible), inter=inter,
+                   router="sigmoid", norm_topk_prob=get_bool(raw, key["norm"], where, True),
+                   scaling=get_float(raw, "routed_scaling_factor", where, 2.446, hi=1e6), n_group=n_group,
+                   topk_group=topk_group,
+                   shared_inter=get_int(raw, key["shared"], where, 1, lo=0, hi=MAX_INNER) * inter)
 
 
 class KDAFamily(HybridFamily):
@@ -140,6 +180,7 @@ class KDAFamily(HybridFamily):
             raise err(where, f"q_lora_rank: expected null (a factored query projection is not modelled), got "
                              f"{short(raw['q_lora_rank'])}")
         dense = get_int(raw, "first_k_dense_replace", where, 1, lo=0, hi=n)
+        mlp_types = get_mlp_layer_types(raw, where, n, ("dense" if i < dense else "sparse" for i in range(n)))
         fields = KDAFields(
             num_heads=heads, head_dim=hd, layer_types=layer_types, attn_heads=attn_heads,
             kv_lora_rank=get_int(raw, "kv_lora_rank", where, 512, hi=MAX_STATE),
@@ -148,7 +189,7 @@ class KDAFamily(HybridFamily):
             v_head_dim=get_int(raw, "v_head_dim", where, 128, hi=MAX_STATE),
             attn_bias=get_bool(raw, "attention_bias", where, False),
             intermediate_size=get_intermediate_size(raw, where, 9216),
-            mlp_layer_types=get_mlp_layer_types(raw, where, n, ("dense" if i < dense else "sparse" for i in range(n))))
+            mlp_layer_types=mlp_types, moe=kimi_moe(raw, where, mlp_types))
         return ModelConfig(family=self.name, mixer=fields, chunk_size=chunk_size, **common)
 
     def from_state_spaces(self, raw, ssm, common, where):
@@ -161,14 +202,41 @@ class KDAFamily(HybridFamily):
                     kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
                     qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim, q_lora_rank=None,
                     attention_bias=cfg.attn_bias, intermediate_size=cfg.intermediate_size,
-                    mlp_layer_types=list(cfg.mlp_layer_types))
+                    mlp_layer_types=list(cfg.mlp_layer_types), **self._hf_moe(cfg))
+
+    @staticmethod
+    def _hf_moe(cfg) -> dict:
+        m = cfg.moe
+        if m is None:
+            return {}
+        if m.router != "sigmoid" or m.shared_gate or m.shared_inter % m.inter:
+            fail("cfg.moe", "Kimi Linear's MoE (sigmoid router, ungated shared experts of moe_intermediate_size "
+                            "each)", m)
+        return dict(num_experts=m.num_experts, num_experts_per_token=m.top_k, moe_intermediate_size=m.inter,
+                    num_shared_experts=m.shared_inter // m.inter, moe_renormalize=m.norm_topk_prob,
+                    routed_scaling_factor=m.scaling, num_expert_group=m.n_group, topk_group=m.topk_group,
+                    moe_router_activation_func="sigmoid")
+
+    def moe_names(self, cfg) -> dict:
+        if cfg.moe is None:
+            return {}
+        names = {}
+        for m in self.mlp_modules:
+            names.update({f"{m}.gate.weight": "mlp.router.weight",
+                          f"{m}.gate.e_score_correction_bias": "mlp.router.bias"})
+            names.update({f"{m}.shared_experts.{p}.weight": f"mlp.shared.{p}.weight" for p in PROJ})
+            for e in range(cfg.moe.num_experts):
+                names.update({f"{m}.experts.{e}.{w}.weight": f"mlp.experts.{e}.{p}.weight"
+                              for w, p in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))})
+        return names
 
     def build_config(self, *, d_model, n_layer, vocab, d_conv=4, expand=2, chunk_size=64, pad_vocab_size_multiple=1,
                      tie_embeddings=False, num_heads=32, kda_head_dim=128, layer_types=None, attn_heads=32,
                      kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                     intermediate_size=None):
-        """`kda_head_dim` is the head size of q, k and v (the config field `head_dim`). A dense model (MLP of
-        `intermediate_size`, default 2 * d_model); `layer_types` default: linear attention only."""
+                     intermediate_size=None, moe=None, mlp_layer_types=None):
+        """`kda_head_dim` is the head size of q, k and v (the config field `head_dim`). Dense MLPs of
+        `intermediate_size` (default 2 * d_model), or with `moe` (a MoESpec) MoE MLPs in the layers
+        `mlp_layer_types` says "sparse" (default: all); `layer_types` default: linear attention only."""
         common = common_fields(d_model=d_model, n_layer=n_layer, vocab=vocab, d_conv=d_conv,
                                pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=tie_embeddings,
                                chunk_size=chunk_size, conv_bias=False, norm_eps=1e-6)
@@ -177,7 +245,7 @@ class KDAFamily(HybridFamily):
             num_heads=num_heads, head_dim=kda_head_dim, layer_types=types, attn_heads=attn_heads,
             kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim,
             v_head_dim=v_head_dim, intermediate_size=intermediate_size or 2 * d_model,
-            mlp_layer_types=("dense",) * n_layer), **common)
+            mlp_layer_types=build_mlp_types(n_layer, moe, mlp_layer_types), moe=moe), **common)
 
     def tiny_config(self, *, d_model=16, n_layer=2, vocab=60, d_state=None, d_conv=4, chunk_size=8):
         """Layers alternate linear and full attention (the last one full when n_layer > 1)."""
