@@ -69,6 +69,7 @@ from harness.engine import families as engine_families
 from harness.engine import metadata as metadata_mod
 from harness.engine import spec as spec_mod
 from harness.engine.attention import HybridPool
+from harness.engine.families._delta import make_mlp
 from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
 from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
@@ -239,8 +240,8 @@ class EngineRunner:
                 self.backends.append(efam.attention(cfg, sub(f"layers.{i}.attn."), impl.ops, dtype=dtype,
                                                     device=self.device, tp=tp))
             mlp = tp.shard_mlp(sub(f"layers.{i}.mlp."))
-            self.mlps.append((cast(params[f"layers.{i}.mlp_norm.weight"]) + off, cast(mlp["gate_proj.weight"]),
-                              cast(mlp["up_proj.weight"]), cast(mlp["down_proj.weight"])) if mlp else None)
+            self.mlps.append((cast(params[f"layers.{i}.mlp_norm.weight"]) + off,
+                              make_mlp(cfg, i, mlp, dtype=dtype, device=self.device)) if mlp else None)
         low = dtype in (torch.float16, torch.bfloat16)
         self.residual_dtype = torch.float32 if (cfg.residual_in_fp32 and low) else dtype
         self._requests: dict = {}
@@ -375,9 +376,9 @@ class EngineRunner:
                 out = be.forward(h.to(self.dtype), md, self.pool.kv, j)
             residual = residual + out.to(self.residual_dtype)
             if self.mlps[i] is not None:
-                norm, gate, up, down = self.mlps[i]
+                norm, mlp = self.mlps[i]
                 h = self._rms(residual, norm).to(self.dtype)
-                y = self.tp.all_reduce((torch.nn.functional.silu(h @ gate.t()) * (h @ up.t())) @ down.t())
+                y = self.tp.all_reduce(mlp(h))
                 residual = residual + y.to(self.residual_dtype)
         return residual
 

@@ -4,6 +4,16 @@ Prefill tokens go through the family's ``*_varlen`` op (reading and writing thei
 rows through its ``*_update`` op; both take value-major state pools (num_slots, Hv, V, K) and normalise q
 and k themselves (``use_qk_l2norm=True``, scale K ** -0.5). g and beta are handed over in the activation
 dtype, as vLLM's Qwen3-Next and Kimi Linear layers do.
+
+The hybrids' MLPs (:func:`make_mlp`, built by the runner per decoder layer): dense SwiGLU
+(:class:`DenseMLP`) or a mixture of experts (:class:`MoEMLP`, the config's ``moe``: Qwen3-Next's softmax router
+and sigmoid-gated shared expert, Kimi Linear's grouped sigmoid router with score-correction bias, routed
+scaling and ungated shared experts). The MoE routes all tokens at once (router logits in the engine dtype,
+scores and top-k in float32 at least), sorts the (token, expert) pairs by expert and runs each hit expert once
+over its tokens (gate and up projections fused per expert), scattering the weighted outputs back. Under tensor
+parallelism every rank holds its cut of each expert's (and the shared expert's) intermediate channels, as
+vLLM's fused MoE does (``harness.engine.tp.TensorParallel.shard_mlp``); the router is replicated, and the
+MLP's output is a partial sum the runner all-reduces.
 """
 from __future__ import annotations
 
@@ -11,6 +21,8 @@ import torch
 
 from harness.engine.attention import paged_attention, token_positions
 from harness.engine.families import linear
+
+PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
 def delta_step(ops, varlen: str, update: str, md, q, k, v, g, beta, ssm_states):
@@ -91,3 +103,88 @@ def check_tp(family: str, tp_size: int, divisible: dict, kv_heads: int | None = 
     if kv_heads is not None and kv_heads % tp_size and tp_size % kv_heads:
         raise ValueError(f"tp_size: expected a divisor or a multiple of attn_kv_heads = {kv_heads} ({family}), "
                          f"got {tp_size}")
+
+
+class DenseMLP:
+    """down(silu(gate(x)) * up(x)) with the weights (names relative to ``layers.{i}.mlp.``, after `prefix`) in
+    the engine dtype."""
+
+    def __init__(self, params: dict, *, dtype: torch.dtype, device, prefix: str = ""):
+        self.gate, self.up, self.down = (params[f"{prefix}{n}.weight"].detach().to(device, dtype) for n in PROJ)
+
+    def __call__(self, h):
+        return linear(torch.nn.functional.silu(linear(h, self.gate)) * linear(h, self.up), self.down)
+
+
+class MoEMLP:
+    """A mixture-of-experts MLP (see the module doc; `moe` a ``reference.families._delta.MoESpec``) over
+    rows h (T, d_model)."""
+
+    def __init__(self, moe, params: dict, *, dtype: torch.dtype, device):
+        self.moe = moe
+        self.dtype = dtype
+        self.score_dtype = torch.promote_types(dtype, torch.float32)
+        w = lambda n: params[n].detach().to(device, dtype)  # noqa: E731
+        self.router = w("router.weight")
+        bias = params.get("router.bias")
+        self.bias = None if bias is None else bias.detach().to(device, self.score_dtype)
+        self.gate_up = torch.stack([torch.cat([w(f"experts.{e}.gate_proj.weight"), w(f"experts.{e}.up_proj.weight")])
+                                    for e in range(moe.num_experts)]).contiguous()       # (E, 2 * I, d)
+        self.down = torch.stack([w(f"experts.{e}.down_proj.weight")
+                                 for e in range(moe.num_experts)]).contiguous()          # (E, d, I)
+        self.shared = DenseMLP(params, dtype=dtype, device=device, prefix="shared.") if moe.shared_inter else None
+        self.shared_gate = w("shared_gate.weight") if moe.shared_gate else None
+
+    def route(self, h):
+        """(expert ids (T, top_k), weights (T, top_k) in the score dtype) of rows h."""
+        moe = self.moe
+        logits = linear(h, self.router).to(self.score_dtype)
+        if moe.router == "softmax":
+            weights, ids = torch.topk(torch.softmax(logits, dim=-1), moe.top_k, dim=-1)
+        else:
+            scores = torch.sigmoid(logits)
+            choice = scores + self.bias
+            if moe.n_group > 1:
+                T, G = choice.shape[0], moe.n_group
+                grouped = choice.view(T, G, -1)
+                best = torch.topk(grouped.topk(2, dim=-1).values.sum(-1), moe.topk_group, dim=-1).indices
+                keep = torch.zeros(T, G, dtype=torch.bool, device=h.device).scatter_(1, best, True)
+                choice = grouped.masked_fill(~keep[:, :, None], float("-inf")).view(T, -1)
+            ids = torch.topk(choice, moe.top_k, dim=-1).indices
+            weights = scores.gather(1, ids)
+        if moe.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if moe.router == "sigmoid" else 0.0))
+        return ids, weights * moe.scaling
+
+    def __call__(self, h):
+        ids, weights = self.route(h)
+        k = self.moe.top_k
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.moe.num_experts).tolist()
+        weights = weights.reshape(-1)
+        out = torch.zeros_like(h)
+        start = 0
+        for e, c in enumerate(counts):
+            if not c:
+                continue
+            pairs = order[start:start + c]
+            start += c
+            tokens = pairs // k
+            gate, up = linear(h[tokens], self.gate_up[e]).chunk(2, dim=-1)
+            y = linear(torch.nn.functional.silu(gate) * up, self.down[e])
+            out.index_add_(0, tokens, (y * weights[pairs, None]).to(out.dtype))
+        if self.shared is not None:
+            shared = self.shared(h)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(linear(h, self.shared_gate)) * shared
+            out = out + shared
+        return out
+
+
+def make_mlp(cfg, layer: int, params: dict, *, dtype: torch.dtype, device):
+    """The MLP of hybrid decoder layer `layer` (`params`: its weights relative to ``layers.{i}.mlp.``, the rank's
+    shard under tensor parallelism): a callable h (T, d_model) -> (T, d_model)."""
+    if cfg.mlp_layer_types[layer] == "sparse":
+        return MoEMLP(cfg.moe, params, dtype=dtype, device=device)
+    return DenseMLP(params, dtype=dtype, device=device)
