@@ -13,7 +13,9 @@ Hybrid models (GDN: Qwen3-Next, KDA: Kimi Linear) shard their other layers as vL
 full-attention layers split their query heads, split their key/value heads or, when there are fewer of
 them than ranks, replicate one per rank (:func:`kv_heads_of_rank`), and end in a row-parallel output
 projection; each rank's paged KV pool holds its key/value heads only. The dense MLP is column parallel
-(gate_proj, up_proj) then row parallel (down_proj). The loader reads attention and MLP weights whole; the
+(gate_proj, up_proj) then row parallel (down_proj); a mixture-of-experts MLP cuts every expert and the
+shared expert the same way (each rank: its slice of every expert's intermediate channels, as vLLM's fused
+MoE does), with the router (and Qwen3-Next's shared-expert gate) replicated. The loader reads attention and MLP weights whole; the
 engine cuts them on each rank (:func:`split_heads`, :meth:`TensorParallel.shard_mlp`). Qwen3-Next's fused
 ``in_proj_qkvz`` / ``in_proj_ba`` interleave q, k, v, z (b, a) per key head, so they are cut as whole
 key-head groups and permuted per rank (``harness/engine/families/gdn.py``). A split the weights do not allow
@@ -81,15 +83,17 @@ class TensorParallel:
         return t.narrow(dim, self.rank * (n // self.size), n // self.size)
 
     def shard_mlp(self, params: dict) -> dict:
-        """This rank's shard of a dense gated MLP (``gate_proj.weight``, ``up_proj.weight`` column parallel:
-        their rows split; ``down_proj.weight`` row parallel: its columns split, the partial products summed
-        with :meth:`all_reduce`). `params` hold whole weights (names relative to ``layers.{i}.mlp.``; empty:
-        the layer has no MLP); returns them unchanged with one rank."""
+        """This rank's shard of a gated MLP (``gate_proj.weight``, ``up_proj.weight`` column parallel: their
+        rows split; ``down_proj.weight`` row parallel: its columns split, the partial products summed with
+        :meth:`all_reduce`). `params` hold whole weights (names relative to ``layers.{i}.mlp.``; empty: the
+        layer has no MLP); a mixture of experts cuts each expert's and the shared expert's projections
+        (``experts.{e}.*_proj.weight``, ``shared.*_proj.weight``) so, and keeps the router and
+        ``shared_gate.weight`` whole. Returns them unchanged with one rank."""
         if self.size == 1 or not params:
             return params
-        return dict(params, **{"gate_proj.weight": self.split(params["gate_proj.weight"], 0),
-                               "up_proj.weight": self.split(params["up_proj.weight"], 0),
-                               "down_proj.weight": self.split(params["down_proj.weight"], 1)})
+        dims = {"gate_proj.weight": 0, "up_proj.weight": 0, "down_proj.weight": 1}
+        leaf = lambda k: ".".join(k.split(".")[-2:])  # noqa: E731
+        return {k: self.split(v, dims[leaf(k)]) if leaf(k) in dims else v for k, v in params.items()}
 
     def __repr__(self) -> str:
         return f"TensorParallel(rank={self.rank}, size={self.size})"

@@ -1,8 +1,8 @@
 """Oracle parity of the WHOLE hybrid models: Qwen3-Next (family ``gdn``) and Kimi Linear (family ``kda``).
 
-transformers builds tiny random Qwen3NextForCausalLM / KimiLinearForCausalLM checkpoints itself (dense MLPs,
-linear-attention and full-attention layers interleaved, save_pretrained into a temp folder; nothing is
-downloaded). Each is loaded by our loaders and generates greedily:
+transformers builds tiny random Qwen3NextForCausalLM / KimiLinearForCausalLM checkpoints itself (dense or
+mixture-of-experts MLPs, linear-attention and full-attention layers interleaved, save_pretrained into a temp
+folder; nothing is downloaded). Each is loaded by our loaders and generates greedily:
 
 * the reference LM (reference loader; float32 and float64), teacher-forced on transformers' tokens so every
   step's logits are compared, plus one free-running greedy generation;
@@ -28,7 +28,8 @@ from harness.testing.checks import compare, tolerance_for
 from harness.engine.scheduler import Request
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason
-from reference.loader import detect_config, load_checkpoint
+from reference import families
+from reference.loader import detect_config, load_checkpoint, safetensors_keys
 from reference.models import ReferenceLM
 
 from models_hf_oracle import first_clear_mismatch, hf_greedy, quiet_transformers, randomize_, top2_margin
@@ -58,6 +59,14 @@ class HybridDims:
     rope_head_dim: int = 4
     tie: bool = False
     inter: int = 48
+    sparse: tuple = ()         # the layers whose MLP is a mixture of experts (none: a dense model)
+    experts: int = 4
+    top_k: int = 2
+    moe_inter: int = 8
+    shared_inter: int = 12     # Qwen3-Next's shared expert (Kimi Linear: one shared expert of moe_inter)
+    norm_topk: bool = True
+    n_group: int = 1           # Kimi Linear's expert groups (topk_group 1)
+    scaling: float = 2.446     # Kimi Linear's routed_scaling_factor
 
 
 def hf_hybrid_config(d: HybridDims):
@@ -66,17 +75,36 @@ def hf_hybrid_config(d: HybridDims):
                   layer_types=list(d.layer_types), linear_conv_kernel_dim=d.d_conv, intermediate_size=d.inter,
                   num_attention_heads=d.attn_heads, tie_word_embeddings=d.tie, rms_norm_eps=1e-6,
                   bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    n = len(d.layer_types)
     if d.family == "gdn":
         from transformers import Qwen3NextConfig
-        return Qwen3NextConfig(num_key_value_heads=d.attn_kv_heads, head_dim=d.attn_head_dim, num_experts=0,
+        moe = dict(num_experts=0)
+        if d.sparse:
+            moe = dict(num_experts=d.experts, num_experts_per_tok=d.top_k, moe_intermediate_size=d.moe_inter,
+                       shared_expert_intermediate_size=d.shared_inter, norm_topk_prob=d.norm_topk,
+                       decoder_sparse_step=1, mlp_only_layers=[i for i in range(n) if i not in d.sparse])
+        return Qwen3NextConfig(num_key_value_heads=d.attn_kv_heads, head_dim=d.attn_head_dim,
                                partial_rotary_factor=d.rotary, linear_num_key_heads=d.heads,
                                linear_num_value_heads=d.v_heads, linear_key_head_dim=d.head_dim,
-                               linear_value_head_dim=d.v_head_dim, **common)
+                               linear_value_head_dim=d.v_head_dim, **moe, **common)
     from transformers import KimiLinearConfig
     return KimiLinearConfig(num_key_value_heads=d.attn_heads, kv_lora_rank=d.kv_lora_rank, q_lora_rank=None,
                             qk_nope_head_dim=d.attn_head_dim, qk_rope_head_dim=d.rope_head_dim,
                             v_head_dim=d.attn_head_dim, linear_num_heads=d.heads, linear_head_dim=d.head_dim,
-                            mlp_layer_types=["dense"] * len(d.layer_types), **common)
+                            mlp_layer_types=["sparse" if i in d.sparse else "dense" for i in range(n)],
+                            num_local_experts=d.experts, num_experts_per_tok=d.top_k,
+                            moe_intermediate_size=d.moe_inter, n_shared_experts=1, norm_topk_prob=d.norm_topk,
+                            n_group=d.n_group, topk_group=1, routed_scaling_factor=d.scaling, **common)
+
+
+def randomize_router_bias_(module: torch.nn.Module, seed: int) -> None:
+    """Kimi Linear's score-correction biases (buffers, which `randomize_` leaves at zero) drawn at random, so
+    that they take part in the routing."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, b in module.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn(b.shape, generator=g, dtype=torch.float64).to(b.dtype))
 
 
 def hf_hybrid_model(d: HybridDims, seed: int):
@@ -86,6 +114,7 @@ def hf_hybrid_model(d: HybridDims, seed: int):
     torch.manual_seed(seed)
     model = cls(hf_hybrid_config(d))
     randomize_(model, seed)
+    randomize_router_bias_(model, seed)
     if d.tie:
         model.tie_weights()
     return model.eval()
@@ -103,6 +132,11 @@ def hybrid_dims(draw, family, deep=False):
               attn_heads=draw(st.sampled_from([2, 4])), attn_head_dim=draw(st.sampled_from([4, 8])),
               # transformers' Kimi Linear never ties lm_head to the embedding (empty _tied_weights_keys)
               tie=draw(st.booleans()) if family == "gdn" else False)
+    if draw(st.booleans(), label="mixture of experts"):
+        kw.update(sparse=tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))),
+                  top_k=draw(st.sampled_from([1, 2])), norm_topk=draw(st.booleans()))
+        if family == "kda":
+            kw.update(n_group=draw(st.sampled_from([1, 2])), scaling=draw(st.sampled_from([1.0, 2.446])))
     if family == "gdn":
         kw.update(v_heads=kw["heads"] * draw(st.sampled_from([1, 2])), v_head_dim=draw(st.sampled_from([4, 8])),
                   attn_kv_heads=draw(st.sampled_from([k for k in (1, 2) if kw["attn_heads"] % k == 0])),
@@ -150,9 +184,9 @@ def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check):
 @given(data=st.data())
 def test_models_delta_reference_greedy_matches_transformers(family, data, check):
     """Property: for a tiny random hybrid checkpoint saved by transformers (2-3 layers, at least one of each
-    kind, dense MLPs, tied or not), our reference LM loaded by our loader generates transformers' 16 greedy
-    tokens from prompts of 1, a few and 12+ tokens, in float32 and float64 (tie-aware), and its
-    teacher-forced per-step logits match transformers'."""
+    kind, dense MLPs or some mixture-of-experts ones, tied or not), our reference LM loaded by our loader
+    generates transformers' 16 greedy tokens from prompts of 1, a few and 12+ tokens, in float32 and float64
+    (tie-aware), and its teacher-forced per-step logits match transformers'."""
     d = data.draw(hybrid_dims(family), label="dims")
     _reference_parity(d, data.draw(st.integers(0, 2**16), label="seed"), _prompts(data, d.vocab), 16, check)
 
@@ -182,7 +216,12 @@ def test_models_delta_engine_greedy_matches_transformers(family, data, impl, dev
     d = data.draw(hybrid_dims(family), label="dims")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     budget = data.draw(st.integers(5, 24), label="token budget")
-    prompts = _prompts(data, d.vocab)
+    _engine_parity(d, seed, budget, _prompts(data, d.vocab), impl, device, check)
+
+
+def _engine_parity(d: HybridDims, seed: int, budget: int, prompts, impl, device, check):
+    family = d.family
+    prompts = list(prompts)
     prompts.append(prompts[-1] + prompts[1])  # shares the long prompt's first blocks
     n_new = 16
     model = hf_hybrid_model(d, seed)
@@ -210,6 +249,31 @@ def test_models_delta_engine_greedy_matches_transformers(family, data, impl, dev
                     context=f"oracle: transformers generate (fp32); token budget {budget}; {d}")
 
 
+# one mixture-of-experts model per family whatever the draws: every layer's MLP routed (Kimi Linear: two
+# expert groups), top-2 of 4 experts
+MOE_DIMS = {"gdn": HybridDims("gdn", layer_types=("linear_attention", "full_attention", "linear_attention"),
+                              sparse=(0, 1, 2)),
+            "kda": HybridDims("kda", layer_types=("linear_attention", "full_attention", "linear_attention"),
+                              sparse=(1, 2), n_group=2)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_models_delta_moe_reference_greedy_matches_transformers(family, check):
+    """A mixture-of-experts checkpoint of each family (MOE_DIMS) through the reference LM: transformers'
+    greedy tokens and teacher-forced logits (as the property above)."""
+    _reference_parity(MOE_DIMS[family], 11, [[5], [3, 9, 27, 1], list(range(7, 21))], 8, check)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_models_delta_moe_engine_greedy_matches_transformers(family, impl, device, check):
+    """A mixture-of-experts checkpoint of each family (MOE_DIMS) through the engine running `impl`: transformers'
+    greedy tokens per request, prefills split by the token budget, a request seeded from the prefix cache."""
+    why = skip_reason(impl, device, family)
+    if why:
+        pytest.skip(why)
+    _engine_parity(MOE_DIMS[family], 11, 7, [[5], [3, 9, 27, 1], list(range(7, 21))], impl, device, check)
+
+
 @pytest.mark.parametrize("family, name", [("gdn", "layers.1.attn.q_norm.weight"),
                                           ("kda", "layers.1.attn.kv_b_proj.weight")])
 def test_models_delta_oracle_can_fail(family, name):
@@ -231,7 +295,7 @@ def test_models_delta_oracle_can_fail(family, name):
 def test_models_delta_loader_names():
     """The hybrid checkpoints' key names: per layer type (an attention parameter in a linear-attention layer
     is unexpected), Kimi Linear's dense MLP under `block_sparse_moe.` as transformers saves it, Qwen3-Next's
-    `mtp.*` head ignored; a config with MoE layers is refused by name when its parameters are asked for."""
+    `mtp.*` head ignored."""
     from reference.loader import expected_parameters, map_name, plan_names, safetensors_keys
     q = detect_config(json.loads(hf_hybrid_config(HybridDims("gdn")).to_json_string()))
     k = detect_config(json.loads(hf_hybrid_config(HybridDims("kda")).to_json_string()))
@@ -252,9 +316,138 @@ def test_models_delta_loader_names():
         plan_names(k, keys | {"mtp.fc.weight"}, "ckpt")
     with pytest.raises(ValueError, match=r"unexpected keys \['model.layers.0.self_attn.q_norm.weight'\]"):
         plan_names(q, keys_of(q) | {"model.layers.0.self_attn.q_norm.weight"}, "ckpt")
-    moe = detect_config(json.loads(hf_hybrid_config(HybridDims("gdn")).to_json_string()) | {"num_experts": 4})
-    with pytest.raises(ValueError, match=r"^cfg.mlp_layer_types\[0\]: expected 'dense' \(mixture-of-experts"):
-        expected_parameters(moe)
+
+
+def _saved_keys(d: HybridDims) -> set:
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_hybrid_model(d, 0).save_pretrained(tmp)
+        return set(safetensors_keys(Path(tmp) / "model.safetensors"))
+
+
+def test_models_delta_moe_loader_names():
+    """The mixture-of-experts checkpoints' keys, as transformers' save_pretrained writes them: one key per
+    expert and projection (Qwen3-Next ``mlp.experts.{e}.gate_proj``, Kimi Linear ``block_sparse_moe.experts.{e}.w1``
+    (gate) / ``w3`` (up) / ``w2`` (down)), the router and Kimi's score-correction bias, the shared experts; each
+    maps onto exactly the parameters the config expects (dense names in an MoE layer are unexpected)."""
+    from reference.loader import expected_parameters, map_name, plan_names
+    for family in FAMILIES:
+        d = MOE_DIMS[family]
+        cfg = detect_config(json.loads(hf_hybrid_config(d).to_json_string()))
+        assert cfg.mlp_layer_types == tuple("sparse" if i in d.sparse else "dense" for i in range(len(d.layer_types)))
+        keys = _saved_keys(d)
+        plan = plan_names(cfg, keys, "ckpt")
+        assert set(plan.mapping) == set(expected_parameters(cfg)) and not plan.ignored
+        i = d.sparse[-1]
+        with pytest.raises(ValueError, match=rf"unexpected keys \['model.layers.{i}.mlp.up_proj.weight'\]"):
+            plan_names(cfg, keys | {f"model.layers.{i}.mlp.up_proj.weight"}, "ckpt")
+    q = detect_config(json.loads(hf_hybrid_config(MOE_DIMS["gdn"]).to_json_string()))
+    k = detect_config(json.loads(hf_hybrid_config(MOE_DIMS["kda"]).to_json_string()))
+    assert map_name("model.layers.2.mlp.experts.3.down_proj.weight", q) == "layers.2.mlp.experts.3.down_proj.weight"
+    assert map_name("model.layers.0.mlp.gate.weight", q) == "layers.0.mlp.router.weight"
+    assert map_name("model.layers.0.mlp.shared_expert.up_proj.weight", q) == "layers.0.mlp.shared.up_proj.weight"
+    assert map_name("model.layers.0.mlp.shared_expert_gate.weight", q) == "layers.0.mlp.shared_gate.weight"
+    for w, p in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+        assert map_name(f"model.layers.1.block_sparse_moe.experts.2.{w}.weight", k) == \
+            f"layers.1.mlp.experts.2.{p}.weight"
+    assert map_name("model.layers.1.block_sparse_moe.gate.e_score_correction_bias", k) == "layers.1.mlp.router.bias"
+    assert map_name("model.layers.1.block_sparse_moe.shared_experts.down_proj.weight", k) == \
+        "layers.1.mlp.shared.down_proj.weight"
+    assert (q.moe.router, q.moe.shared_gate, q.moe.shared_inter) == ("softmax", True, 12)
+    assert (k.moe.router, k.moe.n_group, k.moe.scaling, k.moe.shared_inter) == ("sigmoid", 2, 2.446, 8)
+    for cfg in (q, k):  # the config written back describes the same model
+        assert detect_config(families.get(cfg.family).to_hf(cfg)) == cfg
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("gdn", {"num_experts_per_tok": 5}, r"'num_experts_per_tok': expected an int in \[1, 4\], got 5"),
+    ("gdn", {"moe_intermediate_size": 0}, r"'moe_intermediate_size': expected an int in \[1, "),
+    ("kda", {"num_expert_group": 3}, r"num_expert_group: expected a divisor of num_experts = 4 giving groups"),
+    ("kda", {"num_experts_per_token": 3, "num_expert_group": 2, "topk_group": 1},
+     r"'num_experts_per_token': expected an int in \[1, 2\], got 3"),
+    ("kda", {"moe_router_activation_func": "softmax"}, r"moe_router_activation_func: expected one of \['sigmoid'\]"),
+])
+def test_models_delta_moe_config_errors(family, change, message):
+    """MoE config values the models cannot have are refused by key when the config is read."""
+    raw = json.loads(hf_hybrid_config(MOE_DIMS[family]).to_json_string()) | change
+    with pytest.raises(ValueError, match=message):
+        detect_config(raw)
+
+
+def _moe_block(d: HybridDims, seed: int):
+    """transformers' MoE block of `d` (Qwen3NextSparseMoeBlock / KimiLinearMoE; float64, random weights and
+    router biases) and its weights under our names (relative to ``layers.{i}.mlp.``)."""
+    hc = hf_hybrid_config(d)
+    if d.family == "gdn":
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock as Block
+        shared = "shared_expert."
+        names = {"gate.weight": "router.weight", "shared_expert_gate.weight": "shared_gate.weight"}
+    else:
+        from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearMoE as Block
+        shared = "shared_experts."
+        names = {"gate.weight": "router.weight", "gate.e_score_correction_bias": "router.bias"}
+    torch.manual_seed(seed)
+    block = Block(hc)
+    randomize_(block, seed)
+    randomize_router_bias_(block, seed)
+    block = block.double().eval()
+    sd = block.state_dict()
+    ours = {names[k]: v for k, v in sd.items() if k in names}
+    ours.update({"shared." + k[len(shared):]: v for k, v in sd.items() if k.startswith(shared)})
+    I = d.moe_inter
+    for e in range(d.experts):
+        gate_up = sd["experts.gate_up_proj"][e]
+        ours.update({f"experts.{e}.gate_proj.weight": gate_up[:I], f"experts.{e}.up_proj.weight": gate_up[I:],
+                     f"experts.{e}.down_proj.weight": sd["experts.down_proj"][e]})
+    return block, ours
+
+
+MOE_BLOCK_CASES = [HybridDims("gdn"), HybridDims("gdn", norm_topk=False, top_k=1),
+                   HybridDims("kda"), HybridDims("kda", n_group=2, norm_topk=False, scaling=1.0)]
+
+
+@pytest.mark.parametrize("d", MOE_BLOCK_CASES,
+                         ids=lambda d: f"{d.family}-top{d.top_k}-groups{d.n_group}-norm{int(d.norm_topk)}")
+def test_models_delta_moe_block_matches_transformers(d, check):
+    """Layer-level parity: the reference MoE MLP (per-token loop) and the engine's (tokens grouped by expert)
+    equal transformers' MoE block (Qwen3-Next: softmax top-k, gated shared expert; Kimi Linear: sigmoid
+    router with score-correction bias and expert groups, routed scaling, shared experts) on 2 x 24 random
+    rows, float64 (transformers' routing runs in float32: float32's tolerance)."""
+    from harness.engine.families._delta import MoEMLP
+    from reference.families._delta import moe_mlp
+    d = HybridDims(d.family, **{k: v for k, v in vars(d).items() if k != "family"} | {"sparse": (0, 1)})
+    cfg = detect_config(json.loads(hf_hybrid_config(d).to_json_string()))
+    block, params = _moe_block(d, 5)
+    x = torch.randn(2, 24, d.d_model, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        want = block(x).reshape(48, -1)
+    rows = x.reshape(48, -1)
+    engine = MoEMLP(cfg.moe, params, dtype=torch.float64, device="cpu")
+    hit = torch.unique(engine.route(rows)[0])
+    assert hit.numel() == d.experts, f"every expert must be routed some row: {hit.tolist()}"
+    for name, got in (("reference", moe_mlp(rows, params, cfg.moe)), ("engine", engine(rows))):
+        check.close(f"{d.family} MoE block: {name} vs transformers", got, want, op="moe_mlp", impl=name,
+                    dtype=torch.float64, tol=tolerance_for(torch.float32), seed=5, shapes={"x": [48, d.d_model]},
+                    context=f"{cfg.moe}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_models_delta_moe_oracle_can_fail(family):
+    """Property (the comparison can fail): with one expert's up projection perturbed, or the router's top-k
+    taken as top-(k-1), the reference MoE MLP disagrees with transformers' block."""
+    from dataclasses import replace
+    from reference.families._delta import moe_mlp
+    d = HybridDims(family, sparse=(0, 1))
+    cfg = detect_config(json.loads(hf_hybrid_config(d).to_json_string()))
+    block, params = _moe_block(d, 5)
+    rows = torch.randn(32, d.d_model, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        want = block(rows[None])[0]
+    assert compare("intact", moe_mlp(rows, params, cfg.moe), want, tolerance_for(torch.float32)).passed
+    bad = dict(params, **{"experts.1.up_proj.weight": params["experts.1.up_proj.weight"] + 0.3})
+    for label, got in (("perturbed expert", moe_mlp(rows, bad, cfg.moe)),
+                       ("top-1 routing", moe_mlp(rows, params, replace(cfg.moe, top_k=1)))):
+        c = compare(label, got, want, tolerance_for(torch.float32))
+        assert not c.passed, c.message()
 
 
 def keys_of(cfg) -> set:

@@ -142,9 +142,13 @@ def shard_sections(cfg, p: str):
 
 
 def check_tp(cfg, tp_size: int) -> None:
-    """Key heads (and so value heads), the MLP and, with full-attention layers, query heads split evenly;
-    key/value heads split or replicated."""
-    divisible = {"num_k_heads": cfg.num_k_heads, "intermediate_size": cfg.intermediate_size}
+    """Key heads (and so value heads), the MLPs (dense ones and every expert of the MoE ones) and, with
+    full-attention layers, query heads split evenly; key/value heads split or replicated."""
+    divisible = {"num_k_heads": cfg.num_k_heads}
+    if "dense" in cfg.mlp_layer_types:
+        divisible["intermediate_size"] = cfg.intermediate_size
+    if "sparse" in cfg.mlp_layer_types:  # every expert's and the shared expert's channels split
+        divisible.update({"moe.inter": cfg.moe.inter, "moe.shared_inter": cfg.moe.shared_inter})
     attention = "full_attention" in cfg.layer_types
     if attention:
         divisible["attn_heads"] = cfg.attn_heads

@@ -113,9 +113,13 @@ def shard_sections(cfg, p: str):
 
 
 def check_tp(cfg, tp_size: int) -> None:
-    """KDA heads, the MLP and, with full-attention layers, the attention heads (as many key/value heads as
-    query heads) split evenly."""
-    divisible = {"num_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size}
+    """KDA heads, the MLPs (dense ones and every expert of the MoE ones) and, with full-attention layers, the
+    attention heads (as many key/value heads as query heads) split evenly."""
+    divisible = {"num_heads": cfg.num_heads}
+    if "dense" in cfg.mlp_layer_types:
+        divisible["intermediate_size"] = cfg.intermediate_size
+    if "sparse" in cfg.mlp_layer_types:  # every expert's and the shared expert's channels split
+        divisible.update({"moe.inter": cfg.moe.inter, "moe.shared_inter": cfg.moe.shared_inter})
     if "full_attention" in cfg.layer_types:
         divisible["attn_heads"] = cfg.attn_heads
     check_hybrid_tp("kda", tp_size, divisible)
