@@ -35,6 +35,7 @@ from harness.testing.checks import tolerance_for
 from harness.testing.plugin import selected_impls
 from reference import families
 from reference.cache import GDNSpec, KDASpec, Mamba2Spec
+from reference.families._delta import MoESpec
 
 TP = 2
 CPU_IMPLS = ("reference", "torch")  # the others' kernels run under Triton's interpreter on the CPU: too slow here
@@ -204,9 +205,13 @@ def test_engine_tp_cases():
     ("kda", dict(num_heads=3), r"divisor of num_heads = 3 \(kda\), got 2$"),
     ("kda", dict(attn_heads=3), r"divisor of attn_heads = 3 \(kda\), got 2$"),
     ("kda", dict(intermediate_size=33), r"divisor of intermediate_size = 33 \(kda\), got 2$"),
+    ("gdn", dict(mlp_layer_types=("sparse", "sparse"), moe=MoESpec(4, 2, 33, shared_inter=4, shared_gate=True)),
+     r"divisor of moe.inter = 33 \(gdn\), got 2$"),
+    ("kda", dict(mlp_layer_types=("dense", "sparse"), moe=MoESpec(4, 2, 6, router="sigmoid", shared_inter=9)),
+     r"divisor of moe.shared_inter = 9 \(kda\), got 2$"),
 ])
 def test_engine_tp_refuses_hybrid_splits_the_weights_do_not_allow(family, cut, message):
-    """GDN and KDA refuse a tp_size that does not divide their heads or MLP with a ValueError naming tp_size,
+    """GDN and KDA refuse a tp_size that does not divide their heads, MLP or experts with a ValueError naming tp_size,
     before any collective or allocation (the runner's and the loader's check alike)."""
     from dataclasses import replace
     from harness.loader import check_tp
@@ -339,3 +344,23 @@ def test_mlp_shard_is_column_then_row_parallel():
     assert tuple(parts[1]["gate_proj.weight"].shape) == (3, 4) and tuple(parts[1]["down_proj.weight"].shape) == (4, 3)
     torch.testing.assert_close(mlp(parts[0]) + mlp(parts[1]), mlp(whole), rtol=1e-12, atol=1e-12)
     assert TensorParallel().shard_mlp(whole) is whole and TensorParallel(0, 2).shard_mlp({}) == {}
+
+
+@pytest.mark.parametrize("router", ["softmax", "sigmoid"])
+def test_moe_shard_cuts_every_expert(router):
+    """A rank's shard of a mixture-of-experts MLP: every expert's and the shared expert's gate_proj and up_proj
+    rows, down_proj columns; the router, its bias and the shared-expert gate whole. The ranks' partial outputs
+    of the engine's MoE MLP sum to the whole MLP's output (Qwen3-Next's and Kimi Linear's routing alike)."""
+    from harness.engine.families._delta import MoEMLP
+    moe = (MoESpec(4, 2, 6, shared_inter=4, shared_gate=True) if router == "softmax" else
+           MoESpec(4, 2, 6, router="sigmoid", scaling=2.0, n_group=2, topk_group=1, shared_inter=6))
+    g = torch.Generator().manual_seed(0)
+    whole = {n: torch.randn(*s, generator=g, dtype=torch.float64) for n, s in moe.shapes(8).items()}
+    h = torch.randn(9, 8, generator=g, dtype=torch.float64)
+    parts = [TensorParallel(r, 2).shard_mlp(whole) for r in range(2)]
+    assert tuple(parts[1]["experts.3.gate_proj.weight"].shape) == (3, 8)
+    assert tuple(parts[1]["experts.3.down_proj.weight"].shape) == (8, 3)
+    torch.testing.assert_close(parts[1]["experts.3.up_proj.weight"], whole["experts.3.up_proj.weight"][3:])
+    assert all(parts[1][n] is whole[n] for n in whole if n.startswith(("router.", "shared_gate.")))
+    run = lambda p: MoEMLP(moe, p, dtype=torch.float64, device="cpu")(h)  # noqa: E731
+    torch.testing.assert_close(run(parts[0]) + run(parts[1]), run(whole), rtol=1e-12, atol=1e-12)
