@@ -3,9 +3,9 @@ the same model on one rank.
 
 Properties, for every family with whole models: Mamba-1, Falcon-Mamba, Mamba-2 (one group replicated on both
 ranks, and two groups split), Gated DeltaNet (Qwen3-Next: GDN mixer, gated full attention over one replicated
-and over two split key/value heads, MLP) and KDA (Kimi Linear: KDA mixer, latent attention, MLP), with every
-implementation the suite runs here (on the CPU: reference and torch, float64, 2 processes over gloo; on CUDA:
-2 GPUs over NCCL, ``--device cuda``):
+and over two split key/value heads, a dense and a mixture-of-experts MLP) and KDA (Kimi Linear: KDA mixer,
+latent attention, a dense and a mixture-of-experts MLP), with every implementation the suite runs here (on the
+CPU: reference and torch, float64, 2 processes over gloo; on CUDA: 2 GPUs over NCCL, ``--device cuda``):
 
 * the greedy tokens of TP = 2 equal those of TP = 1 exactly, on every rank;
 * every state each rank holds (final states, the state after every step, prefix-cache snapshots) equals the
@@ -187,13 +187,15 @@ def test_engine_tp_detects_a_wrong_qkvz_cut(device):
 
 def test_engine_tp_cases():
     """The cases are every family with whole models: Mamba-1, Falcon-Mamba, Mamba-2 with one group
-    (replicated) and two groups (split), GDN with one key/value head (replicated) and two (split), KDA."""
+    (replicated) and two groups (split), GDN with one key/value head (replicated) and two (split), KDA; the
+    hybrids with a dense and a mixture-of-experts MLP."""
     assert set(CONFIGS) == {"mamba1", "falcon_mamba", "mamba2-g1", "mamba2-g2", "gdn-kv1", "gdn-kv2", "kda"}
     assert {c.family for c in CONFIGS.values()} == {n for n in families.names() if families.get(n).whole_models}
     assert (CONFIGS["mamba2-g1"].n_groups, CONFIGS["mamba2-g2"].n_groups) == (1, 2)
     assert (CONFIGS["gdn-kv1"].attn_kv_heads, CONFIGS["gdn-kv2"].attn_kv_heads) == (1, 2)
-    for case in ("gdn-kv1", "gdn-kv2", "kda"):  # every hybrid case has a mixer and an attention layer
+    for case in ("gdn-kv1", "gdn-kv2", "kda"):  # every hybrid case: a mixer and an attention layer, MLPs dense
         assert set(families.get(CONFIGS[case].family).layer_kinds(CONFIGS[case])) == {"mixer", "attention"}, case
+        assert set(CONFIGS[case].mlp_layer_types) == {"dense", "sparse"}, case  # ... and mixtures of experts
     gdn = CONFIGS["gdn-kv1"]
     assert gdn.num_v_heads == 2 * gdn.num_k_heads == 2 * TP  # the qkvz groups hold two value heads each
 

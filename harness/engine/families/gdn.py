@@ -158,11 +158,16 @@ def check_tp(cfg, tp_size: int) -> None:
 def tp_cases(cfg, tp_size: int):
     """`cfg` with `tp_size` key heads (two value heads each) and 2 * `tp_size` query heads, over ONE key/value
     head (replicated on every rank), over `tp_size` key/value heads (split) and, where it differs from both
-    and `tp_size` allows it, over two (each replicated on half the ranks)."""
+    and `tp_size` allows it, over two (each replicated on half the ranks); the MLP of every layer after the
+    first a mixture of experts (Qwen3-Next's: top-2 of 4, a gated shared expert; widths 4 * `tp_size`)."""
     from dataclasses import replace
+    from reference.families._delta import MoESpec
     T = tp_size
+    moe = MoESpec(num_experts=4, top_k=2, inter=4 * T, shared_inter=4 * T, shared_gate=True)
+    mlp_types = tuple("dense" if i == 0 else "sparse" for i in range(cfg.n_layer))
     return tuple((f"{cfg.family}-kv{g}", replace(cfg, mixer=replace(cfg.mixer, num_k_heads=T, num_v_heads=2 * T,
-                                                                    attn_heads=2 * T, attn_kv_heads=g)))
+                                                                    attn_heads=2 * T, attn_kv_heads=g, moe=moe,
+                                                                    mlp_layer_types=mlp_types)))
                  for g in dict.fromkeys((1, T, 2)) if T % g == 0)
 
 

@@ -126,11 +126,18 @@ def check_tp(cfg, tp_size: int) -> None:
 
 
 def tp_cases(cfg, tp_size: int):
-    """`cfg` with (at least) `tp_size` KDA heads and attention heads."""
+    """`cfg` with (at least) `tp_size` KDA heads and attention heads; the MLP of every layer after the first a
+    mixture of experts (Kimi Linear's: top-2 of 4 in two groups, one eligible, a shared expert; widths
+    4 * `tp_size`)."""
     from dataclasses import replace
+    from reference.families._delta import MoESpec
     n = max(cfg.num_heads, tp_size) // tp_size * tp_size
     a = max(cfg.attn_heads, tp_size) // tp_size * tp_size
-    return ((cfg.family, replace(cfg, mixer=replace(cfg.mixer, num_heads=n, attn_heads=a))),)
+    moe = MoESpec(num_experts=4, top_k=2, inter=4 * tp_size, router="sigmoid", scaling=2.446, n_group=2,
+                  topk_group=1, shared_inter=4 * tp_size)
+    mlp_types = tuple("dense" if i == 0 else "sparse" for i in range(cfg.n_layer))
+    return ((cfg.family, replace(cfg, mixer=replace(cfg.mixer, num_heads=n, attn_heads=a, moe=moe,
+                                                    mlp_layer_types=mlp_types))),)
 
 
 register(EngineFamily("kda", KDAMixer, OPS, check_tp, shard_sections, attention=LatentAttention, tp_cases=tp_cases))
