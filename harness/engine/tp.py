@@ -15,12 +15,12 @@ them than ranks, replicate one per rank (:func:`kv_heads_of_rank`), and end in a
 projection; each rank's paged KV pool holds its key/value heads only. The dense MLP is column parallel
 (gate_proj, up_proj) then row parallel (down_proj); a mixture-of-experts MLP cuts every expert and the
 shared expert the same way (each rank: its slice of every expert's intermediate channels, as vLLM's fused
-MoE does), with the router (and Qwen3-Next's shared-expert gate) replicated. The loader reads attention and MLP weights whole; the
-engine cuts them on each rank (:func:`split_heads`, :meth:`TensorParallel.shard_mlp`). Qwen3-Next's fused
-``in_proj_qkvz`` / ``in_proj_ba`` interleave q, k, v, z (b, a) per key head, so they are cut as whole
-key-head groups and permuted per rank (``harness/engine/families/gdn.py``). A split the weights do not allow
-(heads, groups, channels or MLP width not divisible by ``tp_size``) is a ValueError naming ``tp_size``
-(the family's ``check_tp``) before anything is built.
+MoE does), with the router (and Qwen3-Next's shared-expert gate) replicated. The loader reads attention and
+MLP weights whole; the engine cuts them on each rank (:func:`split_heads`, :meth:`TensorParallel.shard_mlp`).
+Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba`` interleave q, k, v, z (b, a) per key head, so they are
+cut as whole key-head groups and permuted per rank (``harness/engine/families/gdn.py``). A split the weights
+do not allow (heads, groups, channels, MLP or expert width not divisible by ``tp_size``) is a ValueError
+naming ``tp_size`` (the family's ``check_tp``) before anything is built.
 
     tp = TensorParallel(rank, size)          # inside an initialised process group
     runner = EngineRunner(model, "torch", tp=tp, device=rank_device("cuda", rank), ...)
