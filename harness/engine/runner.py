@@ -18,7 +18,8 @@ One step
      ``harness.engine.attention.HybridPool`` whose state pool holds the mixer layers only; an attention
      layer runs the family's attention over the pool's paged keys and values (pages reserved up to each
      request's end before the step, lengths advanced after it); layers with an MLP add
-     ``mlp(rms_norm(residual))``; the norms scale by the family's norm_offset + weight;
+     ``mlp(rms_norm(residual))`` (dense or a mixture of experts: ``harness.engine.families._delta.make_mlp``);
+     the norms scale by the family's norm_offset + weight;
   5. prefix-cache snapshots: the scheduler's chunk sizes are adjusted (through its ``chunk_fn``) for
      TRACKED requests: in cache mode ``all`` a prefill chunk never crosses a block boundary; in mode
      ``align`` a chunk that crosses block boundaries (and is not the prompt's last) is shortened to end on
