@@ -228,3 +228,58 @@ def state_spaces_common(raw: dict, ssm: dict, where) -> dict:
         residual_in_fp32=get_bool(raw, "residual_in_fp32", where, True),
         tie_embeddings=get_bool(raw, "tie_embeddings", where, True), source="state-spaces")
 
+
+# mixture-of-experts MLPs (the hybrid families' sparse layers)
+ROUTERS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP (see the module doc): `num_experts` SwiGLU experts of `inter` channels, `top_k`
+    of them per token chosen by a `router` of ROUTERS (``sigmoid``: with a score-correction bias, expert
+    groups `n_group` / `topk_group`); the chosen weights renormalised when `norm_topk_prob`, scaled by
+    `scaling`; a shared expert of `shared_inter` channels (0: none), gated by sigmoid(shared_gate(x)) when
+    `shared_gate`."""
+    num_experts: int
+    top_k: int
+    inter: int
+    router: str = "softmax"
+    norm_topk_prob: bool = True
+    scaling: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    shared_inter: int = 0
+    shared_gate: bool = False
+
+    def __post_init__(self):
+        from reference.validate import fail
+        if self.router not in ROUTERS:
+            fail("moe.router", f"one of {list(ROUTERS)}", repr(self.router))
+        if not 1 <= self.top_k <= self.num_experts:
+            fail("moe.top_k", f"an int in [1, num_experts = {self.num_experts}]", self.top_k)
+        if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            fail("moe.n_group", f"a divisor of num_experts = {self.num_experts} with topk_group in [1, n_group]",
+                 f"n_group {self.n_group}, topk_group {self.topk_group}")
+        if self.n_group > 1 and self.num_experts // self.n_group < 2:
+            fail("moe.n_group", f"groups of >= 2 experts (num_experts = {self.num_experts})", self.n_group)
+        if self.n_group > 1 and self.router != "sigmoid":
+            fail("moe.n_group", "1 with a softmax router", self.n_group)
+        if self.top_k > self.topk_group * (self.num_experts // self.n_group):
+            fail("moe.top_k", f"at most the experts of topk_group = {self.topk_group} groups", self.top_k)
+
+    def shapes(self, d_model: int) -> dict:
+        """Parameter shapes of one MoE layer (names relative to ``layers.{i}.mlp.``)."""
+        E, I, d = self.num_experts, self.inter, d_model
+        shapes = {"router.weight": (E, d)}
+        if self.router == "sigmoid":
+            shapes["router.bias"] = (E,)
+        for e in range(E):
+            shapes.update({f"experts.{e}.gate_proj.weight": (I, d), f"experts.{e}.up_proj.weight": (I, d),
+                           f"experts.{e}.down_proj.weight": (d, I)})
+        if self.shared_inter:
+            S = self.shared_inter
+            shapes.update({"shared.gate_proj.weight": (S, d), "shared.up_proj.weight": (S, d),
+                           "shared.down_proj.weight": (d, S)})
+        if self.shared_gate:
+            shapes["shared_gate.weight"] = (1, d)
+        return shapes

@@ -35,7 +35,7 @@ from harness.testing.checks import tolerance_for
 from harness.testing.plugin import selected_impls
 from reference import families
 from reference.cache import GDNSpec, KDASpec, Mamba2Spec
-from reference.families._delta import MoESpec
+from reference.config import MoESpec
 
 TP = 2
 CPU_IMPLS = ("reference", "torch")  # the others' kernels run under Triton's interpreter on the CPU: too slow here

@@ -117,7 +117,7 @@ class DenseMLP:
 
 
 class MoEMLP:
-    """A mixture-of-experts MLP (see the module doc; `moe` a ``reference.families._delta.MoESpec``) over
+    """A mixture-of-experts MLP (see the module doc; `moe` a ``reference.config.MoESpec``) over
     rows h (T, d_model)."""
 
     def __init__(self, moe, params: dict, *, dtype: torch.dtype, device):

@@ -161,7 +161,7 @@ def tp_cases(cfg, tp_size: int):
     and `tp_size` allows it, over two (each replicated on half the ranks); the MLP of every layer after the
     first a mixture of experts (Qwen3-Next's: top-2 of 4, a gated shared expert; widths 4 * `tp_size`)."""
     from dataclasses import replace
-    from reference.families._delta import MoESpec
+    from reference.config import MoESpec
     T = tp_size
     moe = MoESpec(num_experts=4, top_k=2, inter=4 * T, shared_inter=4 * T, shared_gate=True)
     mlp_types = tuple("dense" if i == 0 else "sparse" for i in range(cfg.n_layer))

@@ -130,7 +130,7 @@ def tp_cases(cfg, tp_size: int):
     mixture of experts (Kimi Linear's: top-2 of 4 in two groups, one eligible, a shared expert; widths
     4 * `tp_size`)."""
     from dataclasses import replace
-    from reference.families._delta import MoESpec
+    from reference.config import MoESpec
     n = max(cfg.num_heads, tp_size) // tp_size * tp_size
     a = max(cfg.attn_heads, tp_size) // tp_size * tp_size
     moe = MoESpec(num_experts=4, top_k=2, inter=4 * tp_size, router="sigmoid", scaling=2.446, n_group=2,
