@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason, zero_pad_tokens
 from harness.impls.adapters._source import PeerSdist
 from harness.impls.registry import Impl, register
 
@@ -40,10 +40,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     idx, live = host_slots(cache_indices, pad_slot_id)
     hi = has_initial_state.detach().cpu().tolist()
     q = query_start_loc.detach().cpu().tolist()
-    y = out if out is not None else torch.empty_like(x)
-    for i in range(S):
-        if idx[i] == pad_slot_id:
-            y[q[i]:q[i + 1]] = 0  # a pad request's tokens
+    y = zero_pad_tokens(out if out is not None else torch.empty_like(x), query_start_loc, cache_indices, pad_slot_id)
     for i in live:
         a, b = q[i], q[i + 1]
         init = conv_states[idx[i]].to(x.dtype) if hi[i] else torch.zeros((D, K - 1), dtype=x.dtype, device=x.device)

@@ -24,7 +24,7 @@ import math
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import host_slots, import_peer, unavailable_reason
+from harness.impls.adapters import host_slots, import_peer, unavailable_reason, zero_pad_tokens
 from harness.impls.adapters._source import PeerSdist
 from harness.impls.registry import Impl, register
 
@@ -104,12 +104,7 @@ def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_sta
                      dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), return_varlen_states=True)
     for i in live:
         ssm_states[idx[i]] = states[i].to(ssm_states.dtype)
-    y = _emit(y[0], out)
-    qh = query_start_loc.detach().cpu().tolist()
-    for i in range(S):
-        if idx[i] == pad_slot_id:
-            y[qh[i]:qh[i + 1]] = 0  # a pad request's tokens
-    return y
+    return zero_pad_tokens(_emit(y[0], out), query_start_loc, cache_indices, pad_slot_id)
 
 
 def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
@@ -130,10 +125,7 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         raise NotImplementedError("mamba_ssm selective_scan_fn (2.3.x) takes no initial state")
     fn = import_peer(_SCAN).selective_scan_fn
     q = query_start_loc.detach().cpu().tolist()
-    y = out if out is not None else torch.empty_like(u)
-    for i in range(S):
-        if idx[i] == pad_slot_id:
-            y[q[i]:q[i + 1]] = 0  # a pad request's tokens
+    y = zero_pad_tokens(out if out is not None else torch.empty_like(u), query_start_loc, cache_indices, pad_slot_id)
     for i in live:
         a, b = q[i], q[i + 1]
         if b == a:
