@@ -213,11 +213,11 @@ def run_cli(args, device: str) -> int:
     from harness.bench.registry import OP_INPUTS, check_names, known_names, split_names
     from harness.bench.runner import parse_dtype
     from harness.bench.timing import measure
-    from harness.env import REPO_ROOT, environment
+    from harness.env import environment
     from harness.impls.registry import get
     from harness.impls.triton import _common
     from harness.ops import SPECS, no_index_checks
-    from harness.records import RecordWriter, new_run_id
+    from harness.records import RecordWriter
 
     all_ops, _ = known_names()
     ops = split_names(args.op)
@@ -253,8 +253,7 @@ def run_cli(args, device: str) -> int:
     budget = budget_from(args, device)
     graph = device.startswith("cuda")
     dtype = parse_dtype(args.dtype) if args.dtype else None
-    run_id = os.environ.get("HARNESS_RUN_ID") or new_run_id()
-    out = args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "sweep.jsonl")
+    run_id, out = _run_and_out(args)
     writer = RecordWriter(out, run_id=run_id)
     writer.write("env", env=environment(device), bench=dict(kind="sweep", ops=ops, min_reps=budget.min_reps,
                                                              cuda_graph=graph))
@@ -357,16 +356,22 @@ def run_cli(args, device: str) -> int:
 _CHILD = "HARNESS_SWEEP_CHILD"
 
 
+def _run_and_out(args) -> tuple[str, str]:
+    """The run id (the caller's HARNESS_RUN_ID, else a new one) and the records file (--out, else
+    reports/runs/<run id>/sweep.jsonl)."""
+    from harness.env import REPO_ROOT
+    from harness.records import new_run_id
+    run_id = os.environ.get("HARNESS_RUN_ID") or new_run_id()
+    return run_id, args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "sweep.jsonl")
+
+
 def _isolated(args, ops: list, groups_asked, device: str) -> int:
     """Sweep each (op, group) in a child process, one after the other, sharing the records file, the run id
     and the budget. A child starts from the configuration files the ones before it wrote (as one process
     carries a group's winner into the next group), and a candidate that breaks the device context (an
     illegal memory access makes every later CUDA call fail) ends only its own group."""
     import subprocess
-    from harness.env import REPO_ROOT
-    from harness.records import new_run_id
-    run_id = os.environ.get("HARNESS_RUN_ID") or new_run_id()
-    out = args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "sweep.jsonl")
+    run_id, out = _run_and_out(args)
     common = ["--device", device, "--min-gain", str(args.min_gain), "--seed", str(args.seed), "--out", out]
     for flag, value in (("--dtype", args.dtype), ("--candidates", args.candidates), ("--config-dir", args.config_dir),
                         ("--device-name", args.device_name), ("--reps", args.reps), ("--min-time", args.min_time),
