@@ -52,7 +52,7 @@ def run_fresh_outputs(check, impl, sp, shape, dtype, device, calls: int = CALLS)
     results = [fn(*pos, **opt) for pos, opt, _ in runs]
     for i, (y, (_, _, y_ref)) in enumerate(zip(results, runs)):
         assert isinstance(y, torch.Tensor), f"{sp.name}: expected a tensor result, got {type(y).__name__}"
-        check.close(f"{sp.name}.y of call {i + 1} of {calls}, compared after the last call", y,
+        check.close(f"{sp.name}.y of call #{i + 1} of {calls}, compared after the last call", y,
                     y_ref.to(y.device), op=sp.name, impl=impl, dtype=dtype, shapes=dict(shape, call=i + 1),
                     seed=i, context="results kept alive across calls without out=")
     return results
