@@ -372,7 +372,8 @@ def _isolated(args, ops: list, groups_asked, device: str) -> int:
     illegal memory access makes every later CUDA call fail) ends only its own group."""
     import subprocess
     run_id, out = _run_and_out(args)
-    common = ["--device", device, "--min-gain", str(args.min_gain), "--seed", str(args.seed), "--out", out]
+    # the children are given the device as the user named it ("cuda", not the resolved "cuda:0")
+    common = ["--device", args.device, "--min-gain", str(args.min_gain), "--seed", str(args.seed), "--out", out]
     for flag, value in (("--dtype", args.dtype), ("--candidates", args.candidates), ("--config-dir", args.config_dir),
                         ("--device-name", args.device_name), ("--reps", args.reps), ("--min-time", args.min_time),
                         ("--max-time", args.max_time), ("--warmup", args.warmup)):

@@ -149,6 +149,23 @@ def test_bench_sweep_isolated_runs_each_group_in_its_own_process(tmp_path, devic
     assert set(written) == set(ssu.CONFIG)
 
 
+def test_bench_sweep_isolated_children_get_a_device_the_cli_accepts(monkeypatch, tmp_path):
+    """The children of --isolate are started with --device as the user gave it: the parent resolved "cuda" to
+    "cuda:0", which the child's --device choices reject."""
+    import subprocess
+    from harness.bench import sweep
+    from harness.cli import build_parser
+    seen = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: seen.append(argv) or subprocess.CompletedProcess(argv, 0))
+    cli = ["bench", "sweep", "--device", "cuda", "--op", "causal_conv1d_update", "--out", str(tmp_path / "s.jsonl")]
+    args = build_parser(cli).parse_args(cli)
+    assert sweep._isolated(args, ["causal_conv1d_update"], None, "cuda:0") == 0
+    assert seen
+    for argv in seen:
+        child = argv[argv.index("bench"):]
+        assert build_parser(child).parse_args(child).device == "cuda"  # exits on a --device it rejects
+
+
 def test_bench_sweep_no_write(tmp_path, device):
     """--no-write reports without writing a configuration file."""
     cfg = tmp_path / "configs"
