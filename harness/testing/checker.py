@@ -59,5 +59,6 @@ class Checker:
 
 def _uses_tf32(impl) -> bool:
     from harness.impls.registry import all_impls
-    i = impl if hasattr(impl, "fp32_matmul") else all_impls().get(str(impl))
+    # a name completed by the engine ("fla+torch") is judged by the implementation it completes
+    i = impl if hasattr(impl, "fp32_matmul") else all_impls().get(str(impl).split("+")[0])
     return i is not None and getattr(i, "fp32_matmul", "ieee") == "tf32"

@@ -244,7 +244,7 @@ def _engine_parity(d: HybridDims, seed: int, budget: int, prompts, impl, device,
                              f"ours {list(r.tokens)}\nhf   {toks}")
         agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
         check.close(f"{family} request {i}: step logits vs transformers", r.step_logits[:agree, :logits.shape[-1]],
-                    logits[:agree].double(), op="engine_generate", impl=factory.impl.name, dtype=factory.dtype,
+                    logits[:agree].double(), op="engine_generate", impl=factory.impl, dtype=factory.dtype,
                     tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]},
                     context=f"oracle: transformers generate (fp32); token budget {budget}; {d}")
 

@@ -75,6 +75,6 @@ def test_models_engine_greedy_matches_transformers(family, data, impl, device, c
         ours = torch.stack([torch.as_tensor(x) for x in r.step_logits])[:agree, :logits.shape[-1]]
         # compare the logits of the steps where both chose the same tokens (after a tie the inputs differ)
         check.close(f"{family} request {i}: step logits vs transformers", ours, logits[:agree].double(),
-                    op="engine_generate", impl=factory.impl.name, dtype=factory.dtype,
+                    op="engine_generate", impl=factory.impl, dtype=factory.dtype,
                     tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]},
                     context=f"oracle: transformers generate (fp32); token budget {budget}")

@@ -82,6 +82,17 @@ def test_failed_comparison_names_its_tolerance_and_why():
     assert "(the float32 policy)" in _failing(Checker("t", "cpu"), tf32)
 
 
+def test_engine_completion_keeps_the_tf32_judgement():
+    """The engine completes an implementation's missing ops from torch ("fla+torch"): comparisons of that
+    completed implementation still know its kernels multiply fp32 in TF32, by object or by name."""
+    from harness.impls import registry
+    from harness.scenarios import engine_impl
+    fla = engine_impl(registry.get("fla"))
+    assert fla.name == "fla+torch"
+    for impl in (fla, fla.name):
+        assert "TF32 matmul for fp32 inputs" in _failing(Checker("t", "cuda:0"), impl)
+
+
 def test_compare_message_without_a_reason_is_unchanged():
     c = compare("y", torch.ones(2), torch.zeros(2, dtype=torch.float64), tolerance_for(torch.float32))
     assert not c.passed and c.why == ""
