@@ -116,6 +116,71 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
     assert lines["test_skip"]["outcome"] == "skipped" and "no CUDA device" in lines["test_skip"]["why"]
 
 
+def test_outcomes_name_the_error_of_an_exception_group(tmp_path):
+    """A hypothesis test with several distinct failures reports an exception group: its --outcomes line
+    names the first member's error, not the group's frame or margin."""
+    import json
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
+    (tmp_path / "test_g.py").write_text(textwrap.dedent("""
+        from hypothesis import given, settings, strategies as st
+        @settings(database=None, derandomize=True, max_examples=50)
+        @given(st.integers(0, 10))
+        def test_two_ways(n):
+            if n == 3:
+                raise KeyError("slot 3 was read")
+            if n == 7:
+                raise ValueError("state of slot 7 differs")
+    """))
+    out = tmp_path / "o.jsonl"
+    r = _pytest(["--device", "cpu", "-q", "--outcomes", str(out), str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["outcome"] == "failed"
+    assert "slot 3 was read" in line["why"] or "slot 7 differs" in line["why"], line
+
+
+_LOSES_CONTEXT = textwrap.dedent("""
+    import os
+    import harness.testing.plugin as plugin
+    pytest_plugins = ["harness.testing.plugin"]
+    # a stand-in for a kernel fault: the context of the process that ran test_fault is lost from then on
+    plugin.cuda_context_error = lambda device: ("AcceleratorError: CUDA error: misaligned address"
+                                                if os.environ.get("FAULTED") else None)
+""")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_lost_cuda_context_ends_the_process_not_the_tests_after_it(tmp_path, workers):
+    """After a test that leaves the CUDA context unusable, its outcome says so and its process ends: under
+    xdist a fresh worker runs the tests left (at most the one scheduled next on the lost worker is reported
+    as crashed); without xdist the run stops and says how to go on."""
+    import json
+    (tmp_path / "conftest.py").write_text(_LOSES_CONTEXT)
+    (tmp_path / "test_f.py").write_text(textwrap.dedent("""
+        import os
+        import pytest
+        def test_fault():
+            os.environ["FAULTED"] = "1"
+            raise RuntimeError("CUDA error: misaligned address")
+        @pytest.mark.parametrize("i", range(12))
+        def test_after(i):
+            assert not os.environ.get("FAULTED"), "ran in the process whose context was lost"
+    """))
+    out = tmp_path / "o.jsonl"
+    r = _pytest(["--device", "cpu", "-q", "-p", "no:randomly", "--outcomes", str(out), str(tmp_path),
+                 *(["-n", str(workers)] if workers else [])], cwd=tmp_path)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    fault = [x for x in lines if x["nodeid"].endswith("test_fault")]
+    assert fault and fault[0]["why"].startswith("CUDA context lost (AcceleratorError: CUDA error: misaligned"), lines
+    after = [x for x in lines if "test_after" in x["nodeid"]]
+    if workers:
+        assert sum(x["outcome"] == "passed" for x in after) >= 11, (r.stdout + r.stderr)[-3000:]
+        assert all(x["outcome"] == "passed" or "crashed" in x["why"] for x in after), after
+    else:
+        assert r.returncode == 1 and after == [], r.stdout + r.stderr
+        assert "run again with --resume" in r.stdout + r.stderr
+
+
 def test_resume_runs_what_a_cut_run_left(tmp_path):
     """--resume OUTCOMES deselects the tests an earlier run recorded as passed or skipped: the failed test and
     the ones it never reached run again; a missing file is a usage error."""

@@ -15,6 +15,14 @@ Options
                                  as passed or skipped are deselected, so the run does what is left and the
                                  failures again
 
+A lost CUDA context
+  A kernel fault (an illegal or misaligned address) leaves the process's CUDA context unusable: every later
+  CUDA call in it fails with the same error. After a failed test on a CUDA device the plugin checks the
+  context; when it is lost, that test's --outcomes line says so first, and the process ends after the
+  test: under pytest-xdist the controller starts a fresh worker for the tests left (xdist reports the next
+  test scheduled on the lost worker as "crashed", unrun: --resume runs it again); without xdist the run
+  stops with a message to continue it with --resume.
+
 Output
   A skip says one line of reason (hypothesis' "Falsifying explicit example" note on a skipped example is
   dropped). Under pytest-xdist, pytest-benchmark cannot time: tests that take its `benchmark` fixture skip
@@ -29,6 +37,7 @@ Fixtures
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -145,15 +154,33 @@ def pytest_pyfunc_call(pyfuncitem):
         UNSUPPORTED.reset(token)
 
 
+_ERROR_LINE = re.compile(r"^(E\s+.*|[A-Za-z_][\w.]*(Error|Exception|Mismatch|Failed)(:.*)?)$")
+
+
+def failure_line(text: str) -> str:
+    """The line of a failure's report that says what went wrong: pytest's first `E` line; in an exception
+    group (hypothesis' distinct failures, printed behind `|` margins) the first member's error line, not the
+    group's frame; else the last line."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith("E ")]
+    if errs:
+        return errs[0]
+    inner = [re.sub(r"^\s*(\|\s?|\+-[+-]*.*)*", "", ln).rstrip() for ln in lines]
+    errs = [ln for ln in inner if _ERROR_LINE.match(ln) and not re.match(r"^\w*ExceptionGroup\b", ln)]
+    return errs[0] if errs else (lines[-1] if lines else "")
+
+
 def _outcome_line(report) -> dict | None:
     """The --outcomes line for a test report: the call phase, or a setup/teardown that did not pass."""
     if report.when != "call" and report.passed:
         return None
     why = ""
     if report.failed:
-        text = report.longreprtext.strip().splitlines()
-        errs = [ln for ln in text if ln.startswith("E ")]
-        why = (errs[0] if errs else (text[-1] if text else ""))[:500]
+        why = failure_line(report.longreprtext)
+        lost = dict(getattr(report, "user_properties", ()) or ()).get(_LOST)
+        if lost:
+            why = f"CUDA context lost ({lost}): {why}"
+        why = why[:500]
     elif report.skipped and isinstance(report.longrepr, tuple):
         why = str(report.longrepr[2])[:500]
     return {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
@@ -250,11 +277,53 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(mark)
 
 
+_LOST = "cuda_context_lost"
+
+
+def cuda_context_error(device) -> str | None:
+    """None while `device` still runs CUDA work (or is not a CUDA device); else the error a kernel fault left
+    in this process's context (every later CUDA call fails with it)."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+    try:
+        torch.cuda.synchronize(device)
+        (torch.ones(1, device=device) + 1).item()
+        return None
+    except Exception as e:  # noqa: BLE001 - whatever the fault, the context is what is reported
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After a test that lost the CUDA context, end this process (see the module doc)."""
+    result = yield
+    lost = _STATE.get("lost")
+    if lost:
+        nodeid, err = lost
+        msg = (f"the CUDA context of this process is unusable after {nodeid} ({err}); the tests after it need "
+               f"a new process")
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            import sys
+            import time
+            print(f"ssm-harness: {msg}: this worker ends, pytest-xdist starts another", file=sys.stderr, flush=True)
+            time.sleep(1.0)  # the worker's reports of the test reach the controller first
+            os._exit(3)
+        pytest.exit(f"{msg}: run again with --resume OUTCOMES (with --outcomes set) to go on", returncode=1)
+    return result
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """A skip's reason is one line: hypothesis appends its multi-line "Falsifying explicit example" note
-    (the whole example's repr) to a skip raised inside an explicit @example."""
+    (the whole example's repr) to a skip raised inside an explicit @example. A failed test on a CUDA device
+    is followed by a check of the context (see the module doc)."""
     report = yield
+    if report.failed and not _STATE.get("lost"):
+        err = cuda_context_error(_STATE.get("device", ""))
+        if err:
+            _STATE["lost"] = (item.nodeid, err)
+            report.user_properties.append((_LOST, err))
     if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
         path, lineno, reason = report.longrepr
         lines = [ln for ln in str(reason).splitlines() if ln.strip()]
