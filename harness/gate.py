@@ -17,6 +17,10 @@ Findings that gate (exit code 1)
                 does not gate; peers' timings (peer=true) are gated only with --gate-peers, the
                 float64-oracle `reference` implementation's (plain loops, not a product) only with
                 --gate-reference;
+  host-overhead an eager timing's host overhead (eager - CUDA-graph p50, `host_ms`) above
+                (1 + threshold') x baseline + --host-floor-us (host time is noisier than GPU time:
+                the floor keeps a few microseconds of jitter from gating); peers and the reference as
+                for performance;
   missing       a baseline case (comparison group or timing) absent from the candidate;
   invalid-timing a timing record (of either run, with no `error`) whose numbers cannot be a
                 measurement: tok/s, GB/s or ms p20/p50/p80 NaN, infinite, zero or negative,
@@ -48,7 +52,8 @@ from dataclasses import asdict, dataclass, field
 from harness.records import TornRecordWarning
 from harness.report.runs import Run, RunError, check_same_device, load_run, num, shape_key
 
-GATING_KINDS = ("accuracy", "new-failure", "error-growth", "performance", "missing", "invalid-timing")
+GATING_KINDS = ("accuracy", "new-failure", "error-growth", "performance", "host-overhead", "missing",
+                "invalid-timing")
 
 
 @dataclass
@@ -57,6 +62,7 @@ class GateConfig:
     noise_k: float = 1.0           # widening per unit of relative p20-p80 spread
     err_k: float = 2.0             # error ratio may grow up to err_k x baseline ...
     err_floor_frac: float = 0.1    # ... or up to this fraction of the dtype's tolerance ratio
+    host_floor_us: float = 5.0     # host overhead may grow by this much on top of the relative threshold
     gate_peers: bool = False
     gate_reference: bool = False
     allow_cross_device: bool = False
@@ -71,6 +77,8 @@ class GateConfig:
             fail("--perf-threshold", "a finite fraction in [0, 1)", self.perf_threshold)
         if not (real(self.noise_k) and self.noise_k >= 0):
             fail("--noise-k", "a finite number >= 0", self.noise_k)
+        if not (real(self.host_floor_us) and self.host_floor_us >= 0):
+            fail("--host-floor-us", "a finite number of microseconds >= 0", self.host_floor_us)
         if not (real(self.err_k) and self.err_k >= 1):
             fail("--err-k", "a finite factor >= 1", self.err_k)
         if not (real(self.err_floor_frac) and self.err_floor_frac >= 0):
@@ -306,6 +314,15 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
         elif ratio > 1 + thr:
             improved += 1
             F.append(Finding("improved", fmt_key(k), f"{mname} {ratio:.2f}x baseline", bv, cv))
+        bh, ch = _metric(b, "host_ms"), _metric(c, "host_ms")
+        if not b.get("cuda_graph") and bh is not None and ch is not None:
+            allowed = bh * (1 + thr) + cfg.host_floor_us / 1000
+            if ch > allowed:
+                kind = ("peer-slower" if peer and not cfg.gate_peers else
+                        "reference-slower" if oracle and not cfg.gate_reference else "host-overhead")
+                F.append(Finding(kind, fmt_key(k),
+                                 f"host overhead {1000 * ch:.1f} us above baseline {1000 * bh:.1f} us (allowed "
+                                 f"{1000 * allowed:.1f} us = +{100 * thr:.1f}% + {cfg.host_floor_us:g} us)", bh, ch))
     new_cases = len([k for k in cc if k not in bc and k[:-1] not in b_groups]) + len([k for k in ct if k not in bt])
     res.stats = {"comparisons_baseline": len(bc), "comparisons_candidate": len(cc),
                  "comparisons_matched": matched, "comparisons_redrawn": redrawn, "still_failing": still,
@@ -375,6 +392,9 @@ def add_args(p) -> None:
                    help=f"allowed growth factor of a passing comparison's error ratio (default {d.err_k})")
     p.add_argument("--err-floor-frac", type=float, default=d.err_floor_frac,
                    help=f"errors below this fraction of the dtype's tolerance ratio never gate (default {d.err_floor_frac})")
+    p.add_argument("--host-floor-us", type=float, default=d.host_floor_us,
+                   help=f"host overhead may grow by this many microseconds beyond the relative threshold "
+                        f"(default {d.host_floor_us:g})")
     p.add_argument("--gate-peers", action="store_true", help="also gate peers' (third-party) timings")
     p.add_argument("--gate-reference", action="store_true",
                    help="also gate the reference implementation's timings (plain loops; not gated by default)")
@@ -387,7 +407,8 @@ def run_gate(args) -> int:
     """The `harness gate` command: 0 clean, 1 regression found, 2 bad input or internal error."""
     try:
         cfg = GateConfig(perf_threshold=args.perf_threshold, noise_k=args.noise_k, err_k=args.err_k,
-                         err_floor_frac=args.err_floor_frac, gate_peers=args.gate_peers,
+                         err_floor_frac=args.err_floor_frac, host_floor_us=args.host_floor_us,
+                         gate_peers=args.gate_peers,
                          gate_reference=args.gate_reference,
                          allow_cross_device=args.allow_cross_device)
         cfg.validate()  # before any file is read

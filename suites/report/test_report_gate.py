@@ -75,6 +75,29 @@ def test_perf_threshold_widened_by_spread(drop, spread, threshold):
     assert bool(kinds(res, "performance")) == (drop > threshold + spread)
 
 
+def test_host_overhead_growth_gates_beyond_threshold_and_floor():
+    """The eager record's host overhead (eager - graph p50) is watched: the same GPU time with 20 us more on
+    the host gates as host-overhead; 4 us more (below the 5 us floor) does not; a CUDA-graph record never
+    gates on it, and a negative floor is a usage error."""
+    def timing(host_us, graph=False, ms=0.010):
+        return {"kind": "timing", "bench": "op/triton", "op": "op", "impl": "triton", "dtype": "bfloat16",
+                "shape": {"B": 64}, "tokens": 64, "tok_s": 64 / ms * 1000, "ms_p50": ms, "ms_p20": ms,
+                "ms_p80": ms, "device": "cuda:0", "cuda_graph": graph, "host_ms": host_us / 1000}
+    env = [{"device": "cuda", "device_name": "H200"}]
+
+    def gate(base_us, cand_us, graph=False):
+        b = Run("b", "b", envs=env, timings=[timing(base_us, graph)])
+        c = Run("c", "c", envs=env, timings=[timing(cand_us, graph)])
+        return gate_runs(b, c, GateConfig())
+    res = gate(30.0, 50.0)
+    (f,) = kinds(res, "host-overhead")
+    assert "50.0 us above baseline 30.0 us" in f.detail and res.exit_code == 1
+    assert kinds(gate(30.0, 34.0), "host-overhead") == []
+    assert kinds(gate(30.0, 50.0, graph=True), "host-overhead") == []
+    with pytest.raises(ValueError, match="--host-floor-us"):
+        GateConfig(host_floor_us=-1.0).validate()
+
+
 def test_reference_and_peer_timings_gate_only_when_asked():
     """A 50 % slowdown of the `reference` implementation (plain float64-oracle loops) or of a peer is listed
     but does not gate by default; --gate-reference / --gate-peers make it gate; ours always gates."""
