@@ -13,11 +13,11 @@
 #              sweep, in that order)
 #   --workers  pytest-xdist workers for the suites (default 8)
 #   --gpus     1 (default) runs the steps one after the other on the first GPU. 2 runs two lanes at once:
-#              the timing lane (bench, throughput, sweep) on GPU 0 pinned to a quarter of the CPU cores,
+#              the timing lane (sweep, bench, throughput) on GPU 0 pinned to a quarter of the CPU cores,
 #              and the checking lane (suites, peers) on GPU 1 with the other cores, so timings are not taken
 #              beside busy test workers; the tp step runs first on both GPUs. Without suites or peers to run,
-#              the bench step times on both GPUs at once (Mamba ops on GPU 0, delta-rule and speculative
-#              ops on GPU 1, each process pinned to its own quarter of the cores).
+#              the sweep and bench steps use both GPUs at once (Mamba ops on GPU 0, delta-rule and
+#              speculative ops on GPU 1, each process pinned to its own quarter of the cores).
 #   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
 #              outcome files too): the suites and peers steps run only the tests
 #              its outcome files do not record as passed or skipped, and add their records to the baseline
@@ -35,9 +35,10 @@
 #               transformers alongside                                                  -> throughput.jsonl
 #   peers       every suite but the benchmarks' with the peers' adapters (mamba_ssm, mamba_ssm_cuda,
 #               causal_conv1d, fla, vllm, sglang: those importable)                       -> results-peers.jsonl
-#   sweep       (only when named) harness bench sweep for every op with launch-configuration candidates:
-#               the winners go to harness/impls/triton/configs/<device>/ (review, then commit them); the
-#               timings to <logs>/sweep.jsonl
+#   sweep       (only when named; before the bench, which then times the winners) harness bench sweep for
+#               every op with launch-configuration candidates: the winners go to
+#               harness/impls/triton/configs/<device>/ (review, then commit them); the timings to
+#               <logs>/sweep.jsonl
 #
 # Peers come from .peers/ (scripts/peers_setup.sh): sdists (mamba_ssm, causal-conv1d), pure-Python wheels
 # (fla-core, einops) and the sources scripts/peers_fetch.py extracts (vLLM, SGLang) in .peers/src. Their CUDA extensions (selective_scan_cuda,
@@ -192,11 +193,7 @@ step_bench() {
   if [ "${BENCH_SPLIT:-0}" = 1 ]; then
     # both GPUs time: the Mamba ops on GPU 0, the delta-rule and speculative ops on GPU 1, each process on
     # its own quarter of the cores; one file after (the second process's env record dropped)
-    local halves; halves=$(python3 -c "
-from harness.bench.registry import known_names
-ops = [o for o in known_names()[0] if not '${BENCH_OPS:-}' or o in '${BENCH_OPS:-}'.split(',')]
-late = [o for o in ops if 'delta' in o or 'kda' in o or 'spec' in o]
-print(','.join(o for o in ops if o not in late) or '-', ','.join(late) or '-')")
+    local halves; halves=$(halves "${BENCH_OPS:-}")
     local g=0 ops pids=""
     for ops in $halves; do
       [ "$ops" = - ] || { CUDA_VISIBLE_DEVICES=$g pin "$(( g * QUARTER ))-$(( g * QUARTER + QUARTER - 1 ))" \
@@ -260,16 +257,43 @@ step_peers() {
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
 }
 
+SWEEP_ALL=selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec
+# sweep_one OPS OUT: harness bench sweep of OPS (comma-separated), timings to OUT
+sweep_one() {
+  timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
+    --op "$1" --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$2" > "${2%.jsonl}.txt" 2>&1
+}
+
 step_sweep() {
   [ "$(left)" -lt 60 ] && { log "sweep: skipped (budget spent)"; return; }
-  local t rc; t=$(date +%s)
-  timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
-    --op ${SWEEP_OPS:-selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec} \
-    --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$LOGS/sweep.jsonl" > "$LOGS/sweep.txt" 2>&1
-  rc=$?; note sweep $rc $(( $(date +%s) - t ))
+  local t rc=0; t=$(date +%s)
+  if [ "${BENCH_SPLIT:-0}" = 1 ]; then
+    # both GPUs sweep (each group writes its own op's configuration file): Mamba ops on GPU 0, the rest on 1
+    local g=0 ops pids=""
+    for ops in $(halves "${SWEEP_OPS:-$SWEEP_ALL}" "$SWEEP_ALL"); do
+      [ "$ops" = - ] || { CUDA_VISIBLE_DEVICES=$g pin "$(( g * QUARTER ))-$(( g * QUARTER + QUARTER - 1 ))" \
+        bash -c "sweep_one $ops $LOGS/sweep-gpu$g.jsonl" & pids="$pids $!"; }
+      g=$(( g + 1 ))
+    done
+    for p in $pids; do wait "$p" || rc=$?; done
+    cat "$LOGS"/sweep-gpu*.jsonl > "$LOGS/sweep.jsonl" 2>/dev/null
+  else
+    sweep_one "${SWEEP_OPS:-$SWEEP_ALL}" "$LOGS/sweep.jsonl" || rc=$?
+  fi
+  note sweep $rc $(( $(date +%s) - t ))
   log "sweep: exit $rc; configs: $(git status --short harness/impls/triton/configs | tr '\n' ' ')"
 }
 
+# halves OPS [ALL]: two comma-separated lists ('-' when empty), the Mamba ops and the delta-rule and
+# speculative ones, of OPS (default: ALL, else every op the bench knows)
+halves() {
+  python3 -c "
+from harness.bench.registry import known_names
+want = '$1' or '${2:-}'
+ops = [o for o in (want.split(',') if want else known_names()[0])]
+late = [o for o in ops if 'delta' in o or 'kda' in o or 'spec' in o]
+print(','.join(o for o in ops if o not in late) or '-', ','.join(late) or '-')"
+}
 # pin CPUS CMD...: run CMD on those cores (taskset), or as is where there is no taskset
 pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
 # run_steps STEP...: the named steps that were asked for, in order
@@ -281,17 +305,21 @@ want env && step_env
 want tp && step_tp
 if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   # nothing to check: both GPUs time
-  QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1 run_steps bench
-  run_steps throughput sweep
+  export QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1
+  export -f pin sweep_one halves limit left
+  export LOGS T0 BUDGET DEVICE SWEEP_S
+  run_steps sweep bench
+  BENCH_SPLIT=0 run_steps throughput
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves
+  export SWEEP_ALL
   export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
-  CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps bench throughput sweep' &
+  CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
   CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &
   wait
 else
-  run_steps suites bench throughput peers sweep
+  run_steps suites sweep bench throughput peers
 fi
 
 for f in /tmp/peers/build-*.log; do [ -e "$f" ] && cp "$f" "$LOGS/"; done
