@@ -17,7 +17,8 @@
 #              and the checking lane (suites, peers) on GPU 1 with the other cores, so timings are not taken
 #              beside busy test workers; the tp step runs first on both GPUs. Without suites or peers to run,
 #              the sweep and bench steps use both GPUs at once (Mamba ops on GPU 0, delta-rule and
-#              speculative ops on GPU 1, each process pinned to its own quarter of the cores).
+#              speculative ops on GPU 1, each process pinned to its own quarter of the cores); with nothing
+#              to time, the suites check on GPU 0 and the peers on GPU 1, half the cores each.
 #   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
 #              outcome files too): the suites and peers steps run only the tests
 #              its outcome files do not record as passed or skipped, and add their records to the baseline
@@ -310,6 +311,14 @@ if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   export LOGS T0 BUDGET DEVICE SWEEP_S
   run_steps sweep bench
   BENCH_SPLIT=0 run_steps throughput
+elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
+  # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
+  ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
+  export -f pin step_suites step_peers run_steps want left limit log note place resume_args
+  export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
+  CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
+  CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
+  wait
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
   export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves
