@@ -20,9 +20,9 @@
 #              speculative ops on GPU 1, each process pinned to its own quarter of the cores); with nothing
 #              to time, the suites check on GPU 0 and the peers on GPU 1, half the cores each.
 #   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
-#              outcome files too): the suites and peers steps run only the tests
-#              its outcome files do not record as passed or skipped, and add their records to the baseline
-#              folder's results files instead of replacing them
+#              outcome files too): the suites and peers steps run only the tests its outcome files do not
+#              record as passed or skipped, the bench only the cases its bench.jsonl does not time, and
+#              they add their records to the baseline folder's files instead of replacing them
 #
 # Steps and what each writes into the baseline folder:
 #   env         env.json: versions, GPU, clocks, peers found; each later step adds its exit code and seconds
@@ -125,13 +125,15 @@ place() {
 }
 # resume_args OUTCOMES: the pytest --resume argument for an earlier run's outcome file, if there is one
 resume_args() { [ -n "$RESUME" ] && [ -s "$RESUME/$1" ] && echo "--resume $RESUME/$1"; }
+# bench_resume: harness bench's --resume for the earlier run's timings, if there are any
+bench_resume() { [ -n "$RESUME" ] && [ -s "$RESUME/bench.jsonl" ] && echo "--resume $RESUME/bench.jsonl"; }
 
 for s in ${STEPS//,/ }; do
   case "$s" in
     suites) [ -n "$RESUME" ] || rm -f "$DIR/results.jsonl" "$DIR/outcomes.jsonl" ;;
     peers) [ -n "$RESUME" ] || rm -f "$DIR/results-peers.jsonl" "$DIR/outcomes-peers.jsonl" ;;
     tp) rm -f "$DIR/results-tp.jsonl" "$DIR/outcomes-tp.jsonl" ;;
-    bench) rm -f "$DIR/bench.jsonl" ;;
+    bench) [ -n "$RESUME" ] || rm -f "$DIR/bench.jsonl" ;;
     throughput) rm -f "$DIR/throughput.jsonl" ;;
     env) rm -f "$DIR/env.json" ;;
   esac
@@ -198,7 +200,7 @@ step_bench() {
     local g=0 ops pids=""
     for ops in $halves; do
       [ "$ops" = - ] || { CUDA_VISIBLE_DEVICES=$g pin "$(( g * QUARTER ))-$(( g * QUARTER + QUARTER - 1 ))" \
-        timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress --op "$ops" ${BENCH_IMPLS:+--impl $BENCH_IMPLS} \
+        timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress --op "$ops" ${BENCH_IMPLS:+--impl $BENCH_IMPLS} $(bench_resume) \
         --out "$LOGS/bench-gpu$g.jsonl" > "$LOGS/bench-gpu$g.txt" 2>&1 & pids="$pids $!"; }
       g=$(( g + 1 ))
     done
@@ -221,7 +223,7 @@ with open(os.path.join(logs, "bench.jsonl"), "w") as out:
 PY
   else
     timeout "$(limit ${BENCH_S:-900})" python3 -m harness.cli bench --device cuda --no-progress \
-      ${BENCH_OPS:+--op $BENCH_OPS} ${BENCH_IMPLS:+--impl $BENCH_IMPLS} \
+      ${BENCH_OPS:+--op $BENCH_OPS} ${BENCH_IMPLS:+--impl $BENCH_IMPLS} $(bench_resume) \
       --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
   fi
   log "bench: harness bench exit $rc"
@@ -321,7 +323,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   wait
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves bench_resume
   export SWEEP_ALL
   export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &

@@ -50,6 +50,9 @@ def _add_op_args(p, *, op_help: str = "op(s) to time (comma-separated, repeatabl
     p.add_argument("--out", default=None, metavar="PATH",
                    help="JSONL file to append to (default reports/runs/<run id>/bench.jsonl)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", default=None, metavar="RECORDS",
+                   help="a records file of an earlier (cut) run: the cases it times without an error are not "
+                        "timed again (the copy roofline always is)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default 1 on the CPU: tiny shapes time more stably on one thread)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -165,9 +168,17 @@ def _run_ops(args, device: str, *, peers: bool = False) -> int:
         print(f"harness bench: --cuda-graph: expected a CUDA device, got {device}", file=sys.stderr)
         return 2
     cuda_graph = device.startswith("cuda") if args.cuda_graph is None else args.cuda_graph
+    done = None
+    if args.resume:
+        from harness.bench.runner import timed_cases
+        if not os.path.isfile(args.resume):
+            print(f"harness bench: --resume: expected a records file, got {args.resume!r} (no such file)",
+                  file=sys.stderr)
+            return 2
+        done = timed_cases(args.resume)
     if args.list:
         cases, skipped = build_cases(device, impls=impls, ops=ops, dtypes=dtypes, cuda_graph=cuda_graph,
-                                     max_tokens=args.max_tokens)
+                                     max_tokens=args.max_tokens, done=done)
         for c in cases:
             print(c.id)
         for s in skipped:
@@ -178,7 +189,7 @@ def _run_ops(args, device: str, *, peers: bool = False) -> int:
     out = args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "bench.jsonl")
     records = run_benchmarks(device, out, impls=impls, ops=ops, dtypes=dtypes, budget=budget, cuda_graph=cuda_graph,
                              progress=not args.no_progress, seed=args.seed, max_tokens=args.max_tokens, run_id=run_id,
-                             env_extra={"kind": "peers"} if peers else None)
+                             env_extra={"kind": "peers"} if peers else None, done=done)
     print(format_table(records))
     print(f"harness bench{' peers' if peers else ''}: {len(records)} records, in {out}")
     return 1 if any(r.get("error") for r in records) else 0

@@ -64,8 +64,23 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def case_key(bench: str, dtype: str, shape: dict) -> tuple:
+    """What identifies a timed case across runs: bench id, dtype name, shape."""
+    return bench, dtype, tuple(sorted((str(k), str(v)) for k, v in (shape or {}).items()))
+
+
+def timed_cases(path: str) -> set:
+    """The case keys a records file times without an error (a torn last line is ignored)."""
+    from harness.records import read_records
+    return {case_key(r.get("bench"), r.get("dtype"), r.get("shape")) for r in read_records(path, ["timing"],
+                                                                                           on_torn=lambda _: None)
+            if not r.get("error")}
+
+
 def build_cases(device: str, *, impls=None, ops=None, dtypes=None, cuda_graph: bool = False,
-                include_interpreted: bool = False, max_tokens: int | None = None) -> tuple[list[Case], list[str]]:
+                include_interpreted: bool = False, max_tokens: int | None = None,
+                done: set | None = None) -> tuple[list[Case], list[str]]:
+    """The cases to time; `done`: case keys (`timed_cases`) left out, the copy roofline excepted."""
     benches, skipped = benchmarks_for(device, impls=impls, ops=ops, include_interpreted=include_interpreted)
     if ops and "copy" not in ops:  # the roofline is measured in every run
         copy, _ = benchmarks_for(device, ops=["copy"])
@@ -90,6 +105,11 @@ def build_cases(device: str, *, impls=None, ops=None, dtypes=None, cuda_graph: b
         for d in dtypes:
             if not any(c.dtype == d for c in cases):
                 skipped.append(f"--dtype {d}: no case declares it on {device}")
+    if done:
+        kept = [c for c in cases if c.op == "copy" or case_key(c.bench.id, c.dtype_name, c.shape) not in done]
+        if len(kept) < len(cases):
+            skipped.append(f"{len(cases) - len(kept)} case(s) timed by the run resumed")
+        cases = kept
     cases.sort(key=lambda c: (c.op != "copy",))
     return cases, skipped
 
@@ -169,7 +189,7 @@ def _apply_metrics(case: Case, fields: dict, ctx: dict) -> None:
 def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, dtypes=None,
                    budget: Budget | None = None, cuda_graph: bool | None = None, progress: bool = True, seed: int = 0,
                    include_interpreted: bool = False, max_tokens: int | None = None, run_id: str | None = None,
-                   log=print, env_extra: dict | None = None) -> list[dict]:
+                   log=print, env_extra: dict | None = None, done: set | None = None) -> list[dict]:
     """Run every case; append records to `out_path` (env first); return the timing records.
     `cuda_graph`: also time CUDA-graph replays (default: on CUDA devices)."""
     from harness.env import environment
@@ -178,9 +198,12 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
     if cuda_graph is None:
         cuda_graph = device.startswith("cuda")
     cases, skipped = build_cases(device, impls=impls, ops=ops, dtypes=dtypes, cuda_graph=cuda_graph,
-                                 include_interpreted=include_interpreted, max_tokens=max_tokens)
+                                 include_interpreted=include_interpreted, max_tokens=max_tokens, done=done)
     for s in skipped:
         log(f"harness bench: skipped {s}")
+    if not [c for c in cases if c.op != "copy"] and done:
+        log("harness bench: every case is timed in the run resumed: nothing left")
+        return []
     if not [c for c in cases if c.op != "copy"]:
         raise ValueError(f"benchmarks: expected at least one case on {device} "
                          f"(impls={impls or 'all'}, ops={ops or 'all'}), got none")

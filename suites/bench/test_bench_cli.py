@@ -75,6 +75,31 @@ def test_bench_ops_default_still_the_op_matrix(tmp_path, capsys):
     gates_clean(out, capsys)
 
 
+def test_bench_resume_times_what_a_cut_run_left(tmp_path, capsys):
+    """--resume RECORDS times only the cases that file does not time (a failed case counts as not timed; the
+    copy roofline is timed again); everything timed leaves nothing to do; a missing file is a usage error."""
+    first, again, last = tmp_path / "first.jsonl", tmp_path / "again.jsonl", tmp_path / "last.jsonl"
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK,
+                 "--out", str(first)]) == 0
+    timed = timings(first)
+    shapes = [r["shape"] for r in timed if r["op"] == "gated_rms_norm"]
+    assert len(shapes) == 2
+    # keep the first run's first case only, as if it had been cut there
+    with open(first) as f:
+        lines = [ln for ln in f if '"gated_rms_norm"' not in ln or json.dumps(shapes[0])[1:-1] in ln]
+    first.write_text("".join(lines))
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK,
+                 "--resume", str(first), "--out", str(again)]) == 0
+    assert [(r["op"], r["shape"]) for r in timings(again)] == [("copy", timed[0]["shape"]), ("gated_rms_norm", shapes[1])]
+    with open(first, "a") as f:
+        f.write(open(again).read())
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK,
+                 "--resume", str(first), "--out", str(last)]) == 0
+    assert "nothing left" in capsys.readouterr().out
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--resume", str(tmp_path / "none.jsonl"),
+                 *QUICK]) == 2
+
+
 def test_bench_peers_runs_ours_next_to_the_peers(tmp_path, capsys):
     """`harness bench peers` restricts the matrix to the ops a peer has and lists the peers it could not run
     (here: not installed, or their own kernels being CUDA only) with the reason."""
