@@ -46,7 +46,9 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
         init = conv_states[idx[i]].to(x.dtype) if hi[i] else torch.zeros((D, K - 1), dtype=x.dtype, device=x.device)
         if b > a:
             xs = x[a:b].contiguous().t()[None]  # (1, D, L), stride(1) == 1: channel-last
-            init_cl = init.t().contiguous().t()[None]  # channel-last initial state (1, D, K-1)
+            # channel-last initial state (1, D, K-1) in storage of its own: the kernel's vector loads need a
+            # 16-byte aligned start, which a view of a pool slot need not have (docs/findings.md)
+            init_cl = init.t().clone(memory_format=torch.contiguous_format).t()[None]
             ys, fin = fn(xs, weight, bias, initial_states=init_cl, return_final_states=True, activation=activation)
             y[a:b] = ys[0].t()
         if b - a >= K - 1:
