@@ -87,10 +87,18 @@ SWEEPS: dict[str, list[SweepGroup]] = {
     "causal_conv1d_update_spec": [SweepGroup("update", "spec_decode", _grid(conv_bd=(128, 256, 512, 1024),
                                                                             conv_warps=(1, 2, 4, 8)))],
     "gated_delta_rule_varlen": [
-        # the per-sequence state scan: value rows per program (programs at batch 1: Hv * V / bv), warps, stages
+        # the pipeline: outputs from the per-chunk states in a parallel launch, or inside the sequential scan
+        SweepGroup("outputs", "delta_rule_chunk", [{"outputs": "parallel"}, {"outputs": "scan"},
+                                                   {"outputs": "scan", "bv": 16}]),
+        # the per-sequence state recurrence (either pipeline): value rows per program (programs at batch 1:
+        # Hv * V / bv), warps, stages
         SweepGroup("scan", "delta_rule_chunk", _rows(("bv", "scan_warps", "scan_stages"), [
             (32, 4, 2), (16, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2), (16, 4, 3),
-            (64, 8, 2), (64, 8, 3)])),
+            (64, 8, 2), (64, 8, 3), (16, 1, 2), (16, 2, 3)])),
+        # the parallel output launch (chunks x value heads x value blocks of out_bv rows): no effect on "scan"
+        SweepGroup("output", "delta_rule_chunk", _rows(("out_bv", "out_warps", "out_stages"), [
+            (64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 2), (64, 4, 3), (32, 2, 2), (64, 4, 1), (128, 4, 2),
+            (32, 4, 3)])),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
         SweepGroup("prep", "delta_rule_chunk", _rows(("sub", "prep_warps"), [
             (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8), (16, 2)])),

@@ -144,6 +144,39 @@ def test_padding_past_a_short_last_chunk_is_inert(impl, device, value):
     assert bool(torch.isfinite(yc).all())
 
 
+@pytest.mark.parametrize("outputs", ["scan", "parallel"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_output_pipelines(impl, device, check, dtype, outputs):
+    """Both pipelines of CONFIG["outputs"] (outputs inside the sequential scan, or from the per-chunk states
+    in a parallel launch) against the oracle: a request of three chunks whose last is partial and starts
+    mid-chunk of the stream, a pad among live requests, an empty live request, has_initial_state mixed
+    (pads' o = 0 and untouched slots checked by the harness); the two agree with each other."""
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (3, 2 * 16 + 5, 6, 0, 9), (2, 4, PAD, 1, 3), (True, False, True, True, False)
+    args, live = _case(lengths, device, dtype, Hk=1, Hv=2, slots=slots, init=init, seed=17)
+    args2 = [a.clone() for a in args]
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs}):
+        y, pool = _check(check, impl, args, live, dtype, outputs=outputs)
+    other = "scan" if outputs == "parallel" else "parallel"
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": other}):
+        y2 = impl.op(OP)(*args2, use_qk_l2norm=True)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"outputs {outputs} vs {other}: {(y - y2).abs().max()}"
+    assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), f"states {outputs} vs {other}"
+
+
+def test_unknown_outputs_pipeline_raises(impl, device):
+    """CONFIG["outputs"] other than "scan" / "parallel" raises ValueError naming it; nothing is written."""
+    M = _kernel(impl, torch.float32)
+    args, _ = _case((5,), device, torch.float32)
+    out = torch.full_like(args[2], 7.0)
+    before = args[5].clone()
+    with mock.patch.dict(M.CONFIG, {"outputs": "fused"}), pytest.raises(ValueError, match="outputs.*'fused'"):
+        impl.op(OP)(*args, use_qk_l2norm=True, out=out)
+    assert bool((out == 7.0).all())
+    assert_bitwise_equal("pool after a rejected call", args[5], before)
+
+
 def test_large_batch_on_gpu(impl, device, check):
     """GPU only (too slow for the interpreter): bf16 activations at the layer's head size (K = V = 128),
     Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default."""

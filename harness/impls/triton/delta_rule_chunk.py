@@ -1,32 +1,51 @@
-"""Gated DeltaNet chunked prefill (op `gated_delta_rule_varlen` of harness.ops) in Triton: two launches.
+"""Gated DeltaNet chunked prefill (op `gated_delta_rule_varlen` of harness.ops) in Triton.
 
 The chunk grid is per sequence: chunk k of sequence s covers tokens [q[s] + k*C, min(q[s] + (k+1)*C, q[s+1])),
-so every chunk belongs to one sequence and a sequence's last chunk may be shorter. Positions of a tile past a
+so every chunk belongs to one sequence and a sequence's last chunk may be shorter. Chunk slots are numbered
+sequence by sequence (the chunks of sequence s follow those of sequences 0..s-1); there are at most
+T // C + S of them, and every program finds its sequence / chunk slot by counting chunks over
+query_start_loc on the device (no host sync; slots past the last chunk exit). Positions of a tile past a
 chunk's end are loaded as selected zeros (masked loads, never another request's values times a zero mask),
 so they neither decay nor write the state. With G the in-chunk cumulative log-decay (G_i = g_1 + .. + g_i),
-value-major state S (V, K) and l2-normalised, scaled q and k:
+value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] picks one of two pipelines.
 
-1. `_gdn_prep_kernel`, one program per (chunk slot, value head), all chunks in parallel. The number of
-   chunks is at most T // C + S; each program finds its sequence by counting chunks over query_start_loc
-   on the device (no host sync; slots past the last chunk exit). It forms
+"parallel" (the default): three launches, only the state recurrence sequential.
+
+1. `_gdn_prep_kernel`, one program per (chunk slot, value head), all chunks in parallel. It forms
        A = strictly-lower(beta_i k_i . k_j exp(G_i - G_j)),   T = (I + A)^-1   (`_unit_lower_inverse`),
-       w = T (beta exp(G) k)   (C, K),   u = T (beta v)   (C, V),
-       Aqk = lower(q_i . k_j exp(G_i - G_j))   (C, C, diagonal included),
-   and stores w, u, Aqk and G per token (scratch indexed like the activations, (T, Hv, .)).
-   Pairwise decays are exponentials of differences masked to i >= j before the exp, so decays of any
-   strength give exact zeros, never inf * 0, and a positive g (a growing state) stays exact where finite.
-2. `_gdn_scan_kernel`, one program per (sequence, value head, block of BV value rows), walking the
-   sequence's chunks in order with its (BV, K) state tile in registers (fp32; fp64 for fp64 inputs):
-       v' = u - w S^T,   o = (exp(G) q) S^T + Aqk v',   S <- exp(G_last) S + v'^T (exp(G_last - G) k).
-   The state starts from the pool slot (cache_indices) where has_initial_state, from zeros otherwise;
-   a pad request's tokens are stored as o = 0 (the op contract); live requests write their final state
-   back in place (an empty live sequence writes its initial state, zeros without has_initial_state); pads
-   and unnamed slots are never touched. The pool
-   may be any strided view: it is addressed through its strides.
+       w = T (beta exp(G) k)   (C, K),   u = T (beta v)   (C, V),   kg = exp(G_last - G) k   (C, K)
+   and stores w, u, kg and G per token (scratch indexed like the activations, (T, Hv, .)).
+2. `_gdn_state_kernel`, one program per (sequence, value head, block of BV value rows), walking the
+   sequence's chunks in order with its (BV, K) state tile in registers (fp32; fp64 for fp64 inputs). Per chunk
+       S_c = S (stored),   v' = u - w S^T (stored over u),   S <- exp(G_last) S + v'^T kg:
+   two dots, no q, no k normalisation, no exponential per element. S_c, the state before chunk c, goes to
+   a per-chunk-slot scratch (slot, Hv, V, K).
+3. `_gdn_out_kernel`, one program per (chunk slot, value head, block of BV value rows), all in parallel:
+       o = (exp(G) q) S_c^T + (lower(q k^T) * exp(G_i - G_j)) v'.
+   It loads q and k and l2-normalises them itself: that is a row reduction over a (C, K) tile, small beside
+   the (C, C, K) and (C, BV, K) dots of the same program, while storing normalised copies once per key head
+   would cost a write and a read of two (T, Hk, K) tensors and, for half inputs, round q twice (once stored,
+   again after the exp(G) factor) instead of once.
+
+"scan": two launches (the prep as above but storing Aqk = lower(q_i . k_j exp(G_i - G_j)) (C, C, diagonal
+included) in place of kg; then `_gdn_scan_kernel`, one program per (sequence, value head, BV value rows),
+computing per chunk v' = u - w S^T, o = (exp(G) q) S^T + Aqk v', S <- exp(G_last) S + v'^T (exp(G_last - G) k)
+with q and k reloaded and renormalised in it).
+
+Pairwise decays are exponentials of differences masked to i >= j (and to live rows) before the exp, so
+decays of any strength give exact zeros, never inf * 0, and a positive g (a growing state) stays exact
+where finite. The state starts from the pool slot (cache_indices) where has_initial_state, from zeros
+otherwise; a pad request's tokens are stored as o = 0 (the op contract; the parallel pipeline skips its
+recurrence); live requests write their final state back in place (an empty live sequence writes its
+initial state, zeros without has_initial_state); pads and unnamed slots are never touched. The pool may
+be any strided view: it is addressed through its strides.
 
 Dots: fp32 inputs multiply in fp32 ("ieee"), fp64 in fp64; half inputs feed their q / k / v / scratch
 and state operands to the tensor cores in their own dtype with fp32 accumulation, and the products with T
-in tf32. Token, slot and head offsets are int64.
+in tf32. Scratch (w, u / v', kg, Aqk) is in the half input's dtype, fp32 / fp64 otherwise; the per-chunk
+states S_c are in the dtype the state operand of the dots has (the half dtype, fp32 with state_tf32, fp32 /
+fp64 for fp32 / fp64 inputs), so the output dot sees exactly the operand the scan would. Token, slot and
+head offsets are int64.
 """
 from __future__ import annotations
 
@@ -36,19 +55,22 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import cdiv, device_guard, launch_config, next_power_of_2
+from harness.impls.triton._common import cdiv, device_guard, dummy, launch_config, next_power_of_2
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
 from reference.delta_rule import L2NORM_EPS
 
 __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 
-# chunk: tokens per chunk (a power of two >= 16); sub: the diagonal blocks of the (I + A)^-1 substitution
-# (a power of two >= 16; chunk or more: one substitution over the whole chunk); bv: value rows per scan
-# program (a power of two >= 16);
-# *_warps / scan_stages: launch options; state_tf32: half inputs multiply the state in tf32 instead of
-# their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
-CONFIG = launch_config("delta_rule_chunk", {"chunk": 64, "sub": 16, "bv": 32, "prep_warps": 4, "scan_warps": 4,
-                                            "scan_stages": 2, "state_tf32": False})
+# outputs: "parallel" (prep, state recurrence, parallel output launch) or "scan" (prep, then outputs inside
+# the sequential scan); chunk: tokens per chunk (a power of two >= 16); sub: the diagonal blocks of the
+# (I + A)^-1 substitution (a power of two >= 16; chunk or more: one substitution over the whole chunk);
+# bv: value rows per scan / state program (a power of two >= 16); out_bv: value rows per output program
+# (a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half inputs multiply the state in
+# tf32 instead of their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
+CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
+                                            "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
+                                            "out_warps": 4, "out_stages": 2, "state_tf32": False})
+OUTPUTS = ("parallel", "scan")
 _L2EPS = tl.constexpr(L2NORM_EPS)
 
 
@@ -56,6 +78,26 @@ _L2EPS = tl.constexpr(L2NORM_EPS)
 def _locate(c, qsl_ptr, s_qsl, S, CH: tl.constexpr, BLOCK_S: tl.constexpr):
     """(start token, length) of chunk slot c of the per-sequence grid; length 0 for a slot past the last
     chunk. Counts the chunks of the sequences wholly before c (no host-side table)."""
+    _, start, length = _locate_seq(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
+    return start, length
+
+
+@triton.jit
+def _chunks_before(s, qsl_ptr, s_qsl, CH: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The number of chunks of sequences 0..s-1: the chunk slot of sequence s's first chunk."""
+    total = tl.zeros((), dtype=tl.int64)
+    for s0 in range(0, s, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        m = offs < s
+        a = tl.load(qsl_ptr + offs.to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
+        b = tl.load(qsl_ptr + (offs + 1).to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
+        total += tl.sum(tl.where(m, (b - a + CH - 1) // CH, 0), 0)
+    return total
+
+
+@triton.jit
+def _locate_seq(c, qsl_ptr, s_qsl, S, CH: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(sequence, start token, length) of chunk slot c (`_locate`); the sequence is S past the last chunk."""
     seq = tl.zeros((), dtype=tl.int64)
     before = tl.zeros((), dtype=tl.int64)
     carry = tl.zeros((), dtype=tl.int64)
@@ -75,7 +117,7 @@ def _locate(c, qsl_ptr, s_qsl, S, CH: tl.constexpr, BLOCK_S: tl.constexpr):
     q1 = tl.load(qsl_ptr + (seq + 1) * s_qsl, mask=valid, other=0).to(tl.int64)
     start = q0 + (c - before) * CH
     length = tl.where(valid, tl.minimum(q1 - start, CH), 0)
-    return start, length
+    return seq, start, length
 
 
 @triton.jit
@@ -125,13 +167,15 @@ def _unit_lower_inverse(A, rows, n, CH: tl.constexpr, SUB: tl.constexpr, LOG2NB:
 
 
 @triton.jit
-def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, gc_ptr,
+def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr,
                      S, HPK, K, V, scale_hi, scale_lo,
                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1, s_qsl,
-                     sw0, sw1, su0, su1, sa0, sa1, sgc0, sgc1,
+                     sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
-                     DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr):
+                     DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr):
+    """w, u, G and either Aqk (STORE_AQK: the "scan" pipeline) or kg (the "parallel" one) of one chunk and
+    value head."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
@@ -144,7 +188,6 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         km = kcol < K
         scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
         kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
-        qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
         gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
         bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
         G = tl.cumsum(gt, 0)
@@ -155,9 +198,16 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
         A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
         X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
-        qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
-        tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
-                 mask=valid[:, None])
+        if STORE_AQK:
+            qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
+            qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
+            tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
+                     mask=valid[:, None])
+        else:
+            g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+            kg = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
+            tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], kg.to(kg_ptr.dtype.element_ty),
+                     mask=valid[:, None] & km[None, :])
         kb = (bt * tl.exp(G))[:, None] * kt
         w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
         tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], w.to(w_ptr.dtype.element_ty),
@@ -227,6 +277,99 @@ def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, q
     tl.store(sptr, st.to(st_ptr.dtype.element_ty), mask=smask & livev[:, None])
 
 
+@triton.jit
+def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, gc_ptr, hs_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
+                      K, V, pad_id,
+                      sw0, sw1, su0, su1, skg0, skg1, sgc0, sgc1, sh0, sh1, sh2,
+                      ss0, ss1, ss2, ss3, s_qsl, s_idx, s_hi,
+                      CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
+                      ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SDOT: tl.constexpr,
+                      SPREC: tl.constexpr):
+    """The state recurrence of one (sequence, value head, BV value rows): per chunk S_c -> hs, v' -> u."""
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    vb = tl.program_id(2)
+    slot = tl.load(idx_ptr + s * s_idx).to(tl.int64)
+    live = slot != pad_id
+    if live:  # a pad request's outputs are zeros: its recurrence is not needed
+        q0 = tl.load(qsl_ptr + s * s_qsl).to(tl.int64)
+        q1 = tl.load(qsl_ptr + (s + 1) * s_qsl).to(tl.int64)
+        use = tl.load(hi_ptr + s * s_hi) != 0
+        rows = tl.arange(0, CH)
+        kcol = tl.arange(0, BK)
+        km = kcol < K
+        vrow = vb * BV + tl.arange(0, BV)
+        vm = vrow < V
+        # the flag as a vector (the interpreter mishandles vector & scalar bools)
+        usev = (vrow * 0 + use.to(tl.int32)) != 0
+        sptr = st_ptr + slot * ss0 + h * ss1 + vrow[:, None].to(tl.int64) * ss2 + kcol[None, :] * ss3
+        smask = vm[:, None] & km[None, :]
+        st = tl.load(sptr, mask=smask & usev[:, None], other=0.0).to(ACC)  # (BV, BK)
+        hptr = hs_ptr + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :]
+        c = _chunks_before(s, qsl_ptr, s_qsl, CH, BLOCK_S)
+        for t0 in range(q0, q1, CH):
+            n = tl.minimum(q1 - t0, CH)
+            valid = rows < n
+            tok = t0 + rows.to(tl.int64)
+            m2 = valid[:, None] & vm[None, :]
+            mk = valid[:, None] & km[None, :]
+            tl.store(hptr + c * sh0, st.to(hs_ptr.dtype.element_ty), mask=smask)
+            g_last = tl.load(gc_ptr + (t0 + n - 1) * sgc0 + h * sgc1).to(ACC)
+            wt = tl.load(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], mask=mk, other=0.0)
+            uptr = u_ptr + tok[:, None] * su0 + h * su1 + vrow[None, :]
+            ut = tl.load(uptr, mask=m2, other=0.0).to(ACC)
+            vn = ut - tl.dot(wt.to(SDOT), tl.trans(st.to(SDOT)), input_precision=SPREC, out_dtype=ACC)  # (CH, BV)
+            vd = vn.to(DOT)
+            tl.store(uptr, vd.to(u_ptr.dtype.element_ty), mask=m2)
+            kgt = tl.load(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], mask=mk, other=0.0)
+            st = st * tl.exp(g_last) + tl.dot(tl.trans(vd), kgt.to(DOT), input_precision=PREC, out_dtype=ACC)
+            c += 1
+        tl.store(sptr, st.to(st_ptr.dtype.element_ty), mask=smask)
+
+
+@triton.jit
+def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_ptr,
+                    S, HPK, K, V, pad_id, scale_hi, scale_lo,
+                    sq0, sq1, sq2, sk0, sk1, sk2, svn0, svn1, sgc0, sgc1, sh0, sh1, sh2, so0, so1, so2,
+                    s_qsl, s_idx,
+                    CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
+                    L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+                    SDOT: tl.constexpr, SPREC: tl.constexpr):
+    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request."""
+    c = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    vb = tl.program_id(2)
+    seq, start, n = _locate_seq(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
+    if n > 0:
+        rows = tl.arange(0, CH)
+        valid = rows < n
+        tok = start + rows.to(tl.int64)
+        vrow = vb * BV + tl.arange(0, BV)
+        vm = vrow < V
+        m2 = valid[:, None] & vm[None, :]
+        o = tl.zeros((CH, BV), dtype=ACC)
+        if tl.load(idx_ptr + seq * s_idx).to(tl.int64) != pad_id:
+            hk = h // HPK
+            kcol = tl.arange(0, BK)
+            km = kcol < K
+            scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+            qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
+            kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+            G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
+            # exp(G_i - G_j) for live rows i >= j, exact zeros elsewhere (the exponent is masked, not the result)
+            keep = (rows[:, None] >= rows[None, :]) & valid[:, None]
+            dec = tl.exp(tl.where(keep, G[:, None] - G[None, :], float("-inf")))
+            qk = tl.dot(qt.to(DOT), tl.trans(kt.to(DOT)), input_precision=PREC, out_dtype=ACC) * dec
+            vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
+            hst = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :],
+                          mask=vm[:, None] & km[None, :], other=0.0)  # (BV, BK)
+            qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
+            o = tl.dot(qe.to(SDOT), tl.trans(hst.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+            o += tl.dot(qk.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
+        tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
+                 o.to(o_ptr.dtype.element_ty), mask=m2)
+
+
 def _dot_types(dtype: torch.dtype, state_tf32: bool):
     """(compute, operand dtype, precision, state operand dtype, state precision, T-product precision)."""
     if dtype == torch.float64:
@@ -257,39 +400,71 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
     if S == 0:
         return o
+    outputs = CONFIG["outputs"]
+    if outputs not in OUTPUTS:
+        from reference.validate import fail
+        fail("delta_rule_chunk CONFIG outputs", f"one of {OUTPUTS}", repr(outputs))
+    parallel = outputs == "parallel"
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
+    BVO = _pow2(CONFIG["out_bv"], "out_bv")
     SUB = min(CH, _pow2(CONFIG["sub"], "sub"))
     BK = max(16, next_power_of_2(K))
-    BVP = min(max(16, next_power_of_2(V)), 64)  # value columns per step of the prep's u = T (beta v)
-    BVS = min(BV, max(16, next_power_of_2(V)))
+    VP = max(16, next_power_of_2(V))
+    BVP = min(VP, 64)  # value columns per step of the prep's u = T (beta v)
+    BVS, BVO = min(BV, VP), min(BVO, VP)
+    BLOCK_S = min(1024, max(16, next_power_of_2(S)))
     ACC, DOT, PREC, SDOT, SPREC, TPREC = _dot_types(q.dtype, bool(CONFIG["state_tf32"]))
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
-    sd = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else cd  # scratch of w, u, Aqk
+    sd = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else cd  # scratch of w, u / v', kg, Aqk
     dev = v.device
+    NC = chunk_table_size(T, S, CH)
     w = torch.empty((T, Hv, K), dtype=sd, device=dev)
     u = torch.empty((T, Hv, V), dtype=sd, device=dev)
-    aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
     gc = torch.empty((T, Hv), dtype=cd, device=dev)
+    if parallel:
+        kg = torch.empty((T, Hv, K), dtype=sd, device=dev)
+        aqk = dummy(kg)
+        hs = torch.empty((NC, Hv, V, K), dtype=sd if SDOT in (tl.float16, tl.bfloat16) else cd, device=dev)
+    else:
+        aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
+        kg = dummy(aqk)
     sc = float(K ** -0.5 if scale is None else scale)
     sc_hi, sc_lo = split_limit(sc)
     hi = has_initial_state.view(torch.uint8)
-    NC = chunk_table_size(T, S, CH)
     with device_guard(v):
         _gdn_prep_kernel[(NC, Hv)](
-            q, k, v, g, beta, query_start_loc, w, u, aqk, gc,
+            q, k, v, g, beta, query_start_loc, w, u, aqk, kg, gc,
             S, Hv // Hk, K, V, sc_hi, sc_lo,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
-            w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0), aqk.stride(1), *gc.stride(),
-            CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP,
-            BLOCK_S=min(1024, max(16, next_power_of_2(S))), L2NORM=bool(use_qk_l2norm),
-            ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, num_warps=int(CONFIG["prep_warps"]))
-        _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
-            q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
-            Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
-            *q.stride(), *k.stride(), w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0),
-            aqk.stride(1), *gc.stride(), *o.stride(), *ssm_states.stride(), query_start_loc.stride(0),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0), aqk.stride(1), kg.stride(0),
+            kg.stride(1), *gc.stride(),
+            CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
+            L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
+            num_warps=int(CONFIG["prep_warps"]))
+        if not parallel:
+            _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
+                q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
+                Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
+                *q.stride(), *k.stride(), w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0),
+                aqk.stride(1), *gc.stride(), *o.stride(), *ssm_states.stride(), query_start_loc.stride(0),
+                cache_indices.stride(0), hi.stride(0),
+                CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
+                SPREC=SPREC, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+            return o
+        _gdn_state_kernel[(S, Hv, cdiv(V, BVS))](
+            w, u, kg, gc, hs, ssm_states, query_start_loc, cache_indices, hi,
+            K, V, int(pad_slot_id),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), kg.stride(0), kg.stride(1), *gc.stride(),
+            hs.stride(0), hs.stride(1), hs.stride(2), *ssm_states.stride(), query_start_loc.stride(0),
             cache_indices.stride(0), hi.stride(0),
-            CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
-            SPREC=SPREC, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+            CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
+            num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+        _gdn_out_kernel[(NC, Hv, cdiv(V, BVO))](
+            q, k, u, gc, hs, o, query_start_loc, cache_indices,
+            S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
+            *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),
+            hs.stride(2), *o.stride(), query_start_loc.stride(0), cache_indices.stride(0),
+            CH=CH, BK=BK, BV=BVO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC,
+            SDOT=SDOT, SPREC=SPREC, num_warps=int(CONFIG["out_warps"]), num_stages=int(CONFIG["out_stages"]))
     return o
