@@ -59,8 +59,14 @@ _STATE_STAGE = ("block_p", "block_n", "block_k", "heads", "num_warps", "num_stag
 
 # The candidates of the H200 sweeps that set the modules' defaults, most important first.
 SWEEPS: dict[str, list[SweepGroup]] = {
-    "selective_scan_varlen": [SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
-        (16, 1, 4, 512), (32, 1, 4, 512), (32, 1, 4, 256), (32, 1, 2, 256), (16, 1, 2, 512)]))],
+    "selective_scan_varlen": [
+        SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
+            (16, 1, 4, 512), (32, 1, 4, 512), (32, 1, 4, 256), (32, 1, 2, 256), (16, 1, 2, 512)])),
+        # the time-parallel mode: tokens per block, channels per program, warps (the piece length as the loop
+        # mode's); tiles of (bt, N 16, bd) fp32 over more than 128 values per thread are left out (spills)
+        SweepGroup("assoc", "selective_scan", [dict(c, mode="assoc") for c in _grid(
+            bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8)) if c["bt"] * c["bd"] * 16 <= 128 * 32 * c["warps"]]),
+    ],
     "causal_conv1d_varlen": [SweepGroup("prefill", "conv1d", _rows(
         ("bt", "bd", "warps", "stages", "chunks", "progs", "dfirst", "maxnreg"), [
             (8, 1024, 8, 3, 8, 1024, False, 0), (8, 1024, 4, 3, 8, 1024, False, 0), (8, 512, 4, 3, 8, 1024, False, 0),
