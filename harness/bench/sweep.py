@@ -62,10 +62,13 @@ SWEEPS: dict[str, list[SweepGroup]] = {
     "selective_scan_varlen": [
         SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
             (16, 1, 4, 512), (32, 1, 4, 512), (32, 1, 4, 256), (32, 1, 2, 256), (16, 1, 2, 512)])),
-        # the time-parallel mode: tokens per block, channels per program, warps (the piece length as the loop
-        # mode's); tiles of (bt, N 16, bd) fp32 over more than 128 values per thread are left out (spills)
-        SweepGroup("assoc", "selective_scan", [dict(c, mode="assoc") for c in _grid(
-            bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8)) if c["bt"] * c["bd"] * 16 <= 128 * 32 * c["warps"]]),
+        # the time-parallel mode: tokens per block, channels per program, warps, each at today's piece length
+        # and at chunk 0 (one pass per sequence where the channel blocks alone give enough programs: no second
+        # pass over the exponentials). Tiles (bt, N 16, bd) of more than 64 fp32 values per thread are left
+        # out: at sm_90 they spill (ptxas) or run at a few warps per SM.
+        SweepGroup("assoc", "selective_scan", [dict(c, mode="assoc", chunk=ch) for c in _grid(
+            bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8)) if c["bt"] * c["bd"] <= 128 * c["warps"]
+            for ch in (256, 0)]),
     ],
     "causal_conv1d_varlen": [SweepGroup("prefill", "conv1d", _rows(
         ("bt", "bd", "warps", "stages", "chunks", "progs", "dfirst", "maxnreg"), [

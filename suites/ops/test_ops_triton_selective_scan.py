@@ -58,7 +58,8 @@ def _case(lengths, slots, init, device, dtype, *, Dm, N, G, seed=0, layout="cont
 CASES = [
     ("pieces, one group per block", (1, 11, 0, 6, 19), (2, 5, 1, PAD, 0), (True, False, True, True, True),
      (32, 3, 2)),
-    ("pieces, group per channel, partial channel block", (7, 1, 13), (3, PAD, 1), (False, True, True), (20, 4, 20)),
+    ("pieces, group per channel, partial channel block", (7, 1, 13), (3, PAD, 1), (False, True, True),
+     (20, 4, 20)),
     ("single pass", (1, 5, 2), (0, 2, PAD), (True, False, True), (5, 3, 1)),
 ]
 

@@ -2,11 +2,11 @@
 
 Parallel over (piece of a sequence) x (block of BD channels). In "loop" mode (the default) each program
 keeps its state as an (N, BD) fp32 tile in registers, N on the first axis so that a warp's lanes run along
-channels: the reduction over N for y stays inside a thread (or two), and per-channel work (softplus, D
-skip, z gate) is not repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B, y = C . h. The inputs
-of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since Triton does not
-software-pipeline these small loads), and y of token t is stored one iteration later, after the next
-token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
+channels: the reduction over N for y stays inside a thread (or two), and per-channel work (softplus, D skip,
+z gate) is not repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B,
+y = C . h. The inputs of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since
+Triton does not software-pipeline these small loads), and y of token t is stored one iteration later, after
+the next token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
 
 Long sequences can be cut into pieces (CONFIG "chunk"; 0 = pick from the problem size) so that enough
 programs run; then three launches:
