@@ -69,6 +69,12 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         SweepGroup("assoc", "selective_scan", [dict(c, mode="assoc", chunk=ch) for c in _grid(
             bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8)) if c["bt"] * c["bd"] <= 128 * c["warps"]
             for ch in (256, 0)]),
+        # the other register layout of the "assoc" tiles (B/C rows broadcast over the channel block: tokens
+        # in-thread), at the tile shapes that compile without spills at moderate register counts
+        SweepGroup("assoc_layout", "selective_scan", [
+            dict(mode="assoc", bc_full=True, bt=bt, bd=bd, warps=w, chunk=ch)
+            for bt, bd, w in ((16, 8, 4), (32, 8, 4), (32, 4, 4), (16, 16, 8), (32, 8, 8), (64, 4, 4), (16, 4, 2))
+            for ch in (256, 0)]),
     ],
     "causal_conv1d_varlen": [SweepGroup("prefill", "conv1d", _rows(
         ("bt", "bd", "warps", "stages", "chunks", "progs", "dfirst", "maxnreg"), [

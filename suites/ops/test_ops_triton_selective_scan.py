@@ -20,8 +20,8 @@ from reference.testing import cu_seqlens_from, gen
 
 OP = "selective_scan_varlen"
 PAD = -1
-# (mode, BT): BT is an "assoc" parameter, the loop mode runs once
-MODES = [("loop", 4), ("assoc", 2), ("assoc", 4)]
+# (mode, BT, bc_full): BT and bc_full are "assoc" parameters, the loop mode runs once
+MODES = [("loop", 4, False), ("assoc", 2, False), ("assoc", 4, False), ("assoc", 4, True)]
 DTYPES = [torch.float32, torch.float64]
 DT_IDS = ["float32", "float64"]
 
@@ -64,21 +64,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,bt", MODES, ids=[f"{m}-bt{b}" for m, b in MODES])
+@pytest.mark.parametrize("mode,bt,bc_full", MODES, ids=[f"{m}-bt{b}" + "-bc_full" * f for m, b, f in MODES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_modes_match_oracle(impl, device, check, case, dtype, mode, bt):
-    """Each mode (and BT 2 / 4 for "assoc") on packed requests: y of live tokens and the live slots match the
-    oracle, a pad request's y is 0 and its slot (and every unnamed slot) bitwise unchanged; run again on the
-    pool in the other layout."""
+def test_modes_match_oracle(impl, device, check, case, dtype, mode, bt, bc_full):
+    """Each mode (for "assoc" BT 2 / 4, and B/C rows of one group loaded as they are or broadcast over the
+    channel block) on packed requests: y of live tokens and the live slots match the oracle, a pad request's
+    y is 0 and its slot (and every unnamed slot) bitwise unchanged; run again on the pool in the other
+    layout."""
     M = _kernel(impl, dtype)
     _, lengths, slots, init, (Dm, N, G) = case
     args = _case(list(lengths), list(slots), list(init), device, dtype, Dm=Dm, N=N, G=G, seed=bt + 7 * len(lengths))
     alt = other_layout_pool(args[8], "contiguous")
-    with mock.patch.dict(M.CONFIG, {"mode": mode, "bt": bt}):
+    with mock.patch.dict(M.CONFIG, {"mode": mode, "bt": bt, "bc_full": bc_full}):
         run_pool_case(check, impl, OP, args, dict(pad_slot_id=PAD), pool_pos=8, live_slots=list(slots),
                       y_mask=token_mask(lengths, slots, PAD), dtype=dtype, seed=0, alt_pools=(alt,),
-                      shapes=dict(lengths=list(lengths), Dm=Dm, N=N, G=G, mode=mode, bt=bt))
+                      shapes=dict(lengths=list(lengths), Dm=Dm, N=N, G=G, mode=mode, bt=bt, bc_full=bc_full))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)

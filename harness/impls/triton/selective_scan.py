@@ -30,6 +30,9 @@ Two ways to walk a piece's tokens (CONFIG "mode"; same launches, pieces and cont
            (a = 1, b = 0), so that last row is the state after the piece's last token. The exponentials
            are independent of each other and the time axis is parallel inside a program: the tile is
            (BT, N, BD) per tensor, so bd and warps go with bt (the "assoc" sweep group sets all three).
+           Triton lays that tile out from the loads: B/C rows of one group as (BT, N, 1) give lanes along
+           N and warps along the tokens (the scan crosses warps); CONFIG "bc_full" broadcasts them to
+           (BT, N, BD) first, which gives lanes along N and channels and the tokens in-thread.
 """
 from __future__ import annotations
 
@@ -47,9 +50,10 @@ from reference.validate import fail
 # L=4096; the device's values in configs/<device>/selective_scan.json).
 # chunk: tokens per program (0: single pass when the sequences x channel blocks give at least `programs`
 # programs, else pieces sized to give about that many).
-# mode: "loop" (token by token; pf used) or "assoc" (blocks of bt tokens through an associative scan; bt used).
+# mode: "loop" (token by token; pf used) or "assoc" (blocks of bt tokens through an associative scan; bt and
+# bc_full used: B/C rows broadcast over the channel block, a different register layout of the block's tiles).
 CONFIG = launch_config("selective_scan", {"mode": "loop", "bd": 32, "warps": 1, "chunk": 256, "programs": 1024,
-                                          "pf": 2, "dfirst": False, "bt": 16})
+                                          "pf": 2, "dfirst": False, "bt": 16, "bc_full": False})
 
 
 @triton.jit
@@ -155,10 +159,16 @@ def _sub(h, ypend, yl, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF
 
 
 @triton.jit
-def _load_bc_blk(ptr, tt, okr, qm, goff, n, nm, s0, s2, GU: tl.constexpr):
+def _load_bc_blk(ptr, tt, okr, qm, goff, n, nm, s0, s2, GU: tl.constexpr, BC_FULL: tl.constexpr):
     """Rows tt (a block of BT tokens; `okr` the rows before the piece's end, `qm` that and the channel mask)
-    of B or C: an (BT, BN, 1) tile with one group for the whole channel block (GU), else (BT, BN, BD)."""
-    if GU:
+    of B or C: with one group for the whole channel block (GU) an (BT, BN, 1) tile, or with BC_FULL the
+    same rows broadcast over the block's channels, (BT, BN, BD) (the layout Triton then gives the block's
+    tiles puts lanes along N and channels and keeps the tokens in-thread); else (BT, BN, BD)."""
+    if GU and BC_FULL:
+        p = tl.broadcast_to(ptr + tt[:, None, None] * s0 + goff + n[None, :, None] * s2,
+                            (tt.shape[0], n.shape[0], qm.shape[1]))
+        return tl.load(p, mask=qm[:, None, :] & nm[None, :, None], other=0.0)
+    elif GU:
         return tl.load(ptr + tt[:, None, None] * s0 + goff + n[None, :, None] * s2,
                        mask=okr[:, None, None] & nm[None, :, None], other=0.0)
     else:
@@ -175,8 +185,8 @@ def _combine(a1, b1, a2, b2):
 @triton.jit
 def _blocks(h, sdt, a2, dbias, dskip, yl, t0, t1, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo,
             dm, n, nm, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BT: tl.constexpr, IDX: tl.constexpr,
-            GU: tl.constexpr, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr, SOFTPLUS: tl.constexpr,
-            HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
+            GU: tl.constexpr, BC_FULL: tl.constexpr, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+            SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
     """Tokens [t0, t1) in blocks of BT ("assoc" mode): per block, (dA, dBu) of every (token, state, channel)
     at once, an associative scan over the block's tokens, h_t = b_t + a_t h (h: the state carried in), y
     stored for the whole block; rows past t1 have dt = 0 (a = 1, b = 0), so the last row is the carried
@@ -189,14 +199,14 @@ def _blocks(h, sdt, a2, dbias, dskip, yl, t0, t1, u_ptr, dl_ptr, b_ptr, c_ptr, z
         qm = okr[:, None] & dm[None, :]
         dv = tl.load(dl_ptr + tt[:, None] * sl0 + lo[None, :], mask=qm, other=0.0)
         uf = tl.load(u_ptr + tt[:, None] * su0 + uo[None, :], mask=qm, other=0.0).to(ACC)
-        bv = _load_bc_blk(b_ptr, tt, okr, qm, bo, n, nm, sb0, sb2, GU).to(ACC)
+        bv = _load_bc_blk(b_ptr, tt, okr, qm, bo, n, nm, sb0, sb2, GU, BC_FULL).to(ACC)
         dtv = _dt(dv, dbias[None, :], qm, FAST, ACC, HAS_DB, SOFTPLUS)
         da = exp2_fast(dtv[:, None, :] * a2[None, :, :], FAST)
         db = (dtv * uf)[:, None, :] * bv
         aa, bb = tl.associative_scan((da, db), 0, _combine)
         hs = bb + aa * h[None, :, :]
         if NEED_Y:
-            cv = _load_bc_blk(c_ptr, tt, okr, qm, co, n, nm, sc0, sc2, GU).to(ACC)
+            cv = _load_bc_blk(c_ptr, tt, okr, qm, co, n, nm, sc0, sc2, GU, BC_FULL).to(ACC)
             if HAS_Z:
                 zv = tl.load(z_ptr + tt[:, None] * sz0 + zo[None, :], mask=qm, other=0.0)
             else:
@@ -217,8 +227,8 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                  su0, su1, sl0, sl1, sa0, sa1, sb0, sb1, sb2, sc0, sc1, sc2, sd0, sz0, sz1, sdb0,
                  ss0, ss1, ss2, sy0, sy1,
                  MODE: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, NSTEPS: tl.constexpr,
-                 ASSOC: tl.constexpr, BT: tl.constexpr, GU: tl.constexpr, PF: tl.constexpr, DFIRST: tl.constexpr,
-                 IDX: tl.constexpr, FAST: tl.constexpr,
+                 ASSOC: tl.constexpr, BT: tl.constexpr, BC_FULL: tl.constexpr, GU: tl.constexpr, PF: tl.constexpr,
+                 DFIRST: tl.constexpr, IDX: tl.constexpr, FAST: tl.constexpr,
                  HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DB: tl.constexpr, SOFTPLUS: tl.constexpr,
                  ACC: tl.constexpr):
     # MODE 0: single pass (one piece per sequence; pool in, pool out, y)
@@ -286,8 +296,8 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
     yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
     if ASSOC:
         h, sdt = _blocks(h, sdt, a2, dbias, dskip, yl, t0, t1, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, y_ptr, uo, lo, bo,
-                         co, zo, yo, dm, n, nm, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BT, IDX, GU, FAST, ACC, HAS_DB,
-                         SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+                         co, zo, yo, dm, n, nm, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BT, IDX, GU, BC_FULL, FAST, ACC,
+                         HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
     else:
         # slot i holds the inputs of token tb + i; after step i uses it, it is refilled with token tb + PF + i
         u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
@@ -406,7 +416,8 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     NC = cdiv(T, L) + S  # bound on the piece count
     idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)
     fast = nvidia_fast(u) and acc_t == torch.float32
-    opt = dict(ASSOC=mode == "assoc", BT=bt, GU=(Dm // G) % BD == 0, PF=pf, DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
+    opt = dict(ASSOC=mode == "assoc", BT=bt, BC_FULL=bool(CONFIG["bc_full"]), GU=(Dm // G) % BD == 0, PF=pf,
+               DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
                HAS_DB=delta_bias is not None, SOFTPLUS=bool(delta_softplus), ACC=ACC, BD=BD, BN=BN, num_warps=warps)
     Dp = D if D is not None else u
     zp = z if z is not None else u
