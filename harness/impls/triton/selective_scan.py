@@ -292,9 +292,9 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
         h = tl.load(hb_ptr + hb_off, mask=nm[:, None] & (dm & valid)[None, :], other=0.0).to(ACC)
     sdt = zd.to(ACC)
     NEED_Y: tl.constexpr = MODE != 1
-    yo = d * sy1
-    yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
     if ASSOC:
+        yo = d * sy1
+        yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
         h, sdt = _blocks(h, sdt, a2, dbias, dskip, yl, t0, t1, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, y_ptr, uo, lo, bo,
                          co, zo, yo, dm, n, nm, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BT, IDX, GU, BC_FULL, FAST, ACC,
                          HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
@@ -310,7 +310,9 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
                                      su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
             u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
                                      su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+        yo = d * sy1
         ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
+        yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
         for tb in range(t0, t1, PF):
             h, ypend, sdt, u0, d0, b0, c0, z0 = _sub(
                 h, ypend, yl, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
