@@ -59,8 +59,23 @@ _STATE_STAGE = ("block_p", "block_n", "block_k", "heads", "num_warps", "num_stag
 
 # The candidates of the H200 sweeps that set the modules' defaults, most important first.
 SWEEPS: dict[str, list[SweepGroup]] = {
-    "selective_scan_varlen": [SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
-        (16, 1, 4, 512), (32, 1, 4, 512), (32, 1, 4, 256), (32, 1, 2, 256), (16, 1, 2, 512)]))],
+    "selective_scan_varlen": [
+        SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
+            (16, 1, 4, 512), (32, 1, 4, 512), (32, 1, 4, 256), (32, 1, 2, 256), (16, 1, 2, 512)])),
+        # the time-parallel mode: tokens per block, channels per program, warps, each at today's piece length
+        # and at chunk 0 (one pass per sequence where the channel blocks alone give enough programs: no second
+        # pass over the exponentials). Tiles (bt, N 16, bd) of more than 64 fp32 values per thread are left
+        # out: at sm_90 they spill (ptxas) or run at a few warps per SM.
+        SweepGroup("assoc", "selective_scan", [dict(c, mode="assoc", chunk=ch) for c in _grid(
+            bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8)) if c["bt"] * c["bd"] <= 128 * c["warps"]
+            for ch in (256, 0)]),
+        # the other register layout of the "assoc" tiles (B/C rows broadcast over the channel block: tokens
+        # in-thread), at the tile shapes that compile without spills at moderate register counts
+        SweepGroup("assoc_layout", "selective_scan", [
+            dict(mode="assoc", bc_full=True, bt=bt, bd=bd, warps=w, chunk=ch)
+            for bt, bd, w in ((16, 8, 4), (32, 8, 4), (32, 4, 4), (16, 16, 8), (32, 8, 8), (64, 4, 4), (16, 4, 2))
+            for ch in (256, 0)]),
+    ],
     "causal_conv1d_varlen": [SweepGroup("prefill", "conv1d", _rows(
         ("bt", "bd", "warps", "stages", "chunks", "progs", "dfirst", "maxnreg"), [
             (8, 1024, 8, 3, 8, 1024, False, 0), (8, 1024, 4, 3, 8, 1024, False, 0), (8, 512, 4, 3, 8, 1024, False, 0),

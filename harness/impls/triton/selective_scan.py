@@ -1,12 +1,12 @@
 """Triton Mamba-1 selective scan over packed sequences (`selective_scan_varlen`).
 
-Parallel over (piece of a sequence) x (block of BD channels). Each program keeps its state as an (N, BD)
-fp32 tile in registers, N on the first axis so that a warp's lanes run along channels: the reduction
-over N for y stays inside a thread (or two), and per-channel work (softplus, D skip, z gate) is not
-repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B, y = C . h. The inputs
-of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since Triton does not
-software-pipeline these small loads), and y of token t is stored one iteration later, after the next
-token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
+Parallel over (piece of a sequence) x (block of BD channels). In "loop" mode (the default) each program
+keeps its state as an (N, BD) fp32 tile in registers, N on the first axis so that a warp's lanes run along
+channels: the reduction over N for y stays inside a thread (or two), and per-channel work (softplus, D skip,
+z gate) is not repeated per state column. Per token: dA = exp2(dt * A log2(e)), h = dA h + dt u B,
+y = C . h. The inputs of token t + PF are loaded in iteration t (PF in {1, 2, 4}: a register ring, since
+Triton does not software-pipeline these small loads), and y of token t is stored one iteration later, after
+the next token's exponentials have been issued, so neither load latency nor the y reduction stalls the loop.
 
 Long sequences can be cut into pieces (CONFIG "chunk"; 0 = pick from the problem size) so that enough
 programs run; then three launches:
@@ -18,6 +18,21 @@ programs run; then three launches:
 When every sequence fits one piece a single launch does it all (pool in, pool out, y). The piece table
 (pieces per sequence, prefix sums) is built on the device, so no host sync is needed. Index math is int32
 when every offset fits (`index_type`), int64 otherwise.
+
+Two ways to walk a piece's tokens (CONFIG "mode"; same launches, pieces and contract either way):
+  "loop":  token by token as above: one dependent exp + multiply-add chain per token (latency-bound).
+  "assoc": blocks of BT tokens (CONFIG "bt"). Per block the program loads u, dt, z as (BT, BD) and B, C as
+           (BT, N) (one group for the channel block) or (BT, N, BD), forms dA = exp2(dt A log2 e) and
+           dBu = dt u B for every (token, state, channel) at once, and runs tl.associative_scan over the
+           block's tokens with (a1, b1), (a2, b2) -> (a1 a2, a2 b1 + b2): then h_t = b_t + a_t h, with h
+           the state carried into the block, y = C . h_t over N for the whole block (D skip and z gate as
+           in "loop"), and the block's last row is carried on. Tokens past the piece's end get dt = 0
+           (a = 1, b = 0), so that last row is the state after the piece's last token. The exponentials
+           are independent of each other and the time axis is parallel inside a program: the tile is
+           (BT, N, BD) per tensor, so bd and warps go with bt (the "assoc" sweep group sets all three).
+           Triton lays that tile out from the loads: B/C rows of one group as (BT, N, 1) give lanes along
+           N and warps along the tokens (the scan crosses warps); CONFIG "bc_full" broadcasts them to
+           (BT, N, BD) first, which gives lanes along N and channels and the tokens in-thread.
 """
 from __future__ import annotations
 
@@ -29,13 +44,16 @@ from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, compute_dtype, device_guard, exp2_fast, index_type,
                                           interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
+from reference.validate import fail
 
 # Launch parameters (H200 sweep, `harness bench sweep --op selective_scan_varlen`: best of 36 at D=8192 N=16
 # L=4096; the device's values in configs/<device>/selective_scan.json).
 # chunk: tokens per program (0: single pass when the sequences x channel blocks give at least `programs`
 # programs, else pieces sized to give about that many).
-CONFIG = launch_config("selective_scan", {"bd": 32, "warps": 1, "chunk": 256, "programs": 1024, "pf": 2,
-                                          "dfirst": False})
+# mode: "loop" (token by token; pf used) or "assoc" (blocks of bt tokens through an associative scan; bt and
+# bc_full used: B/C rows broadcast over the channel block, a different register layout of the block's tiles).
+CONFIG = launch_config("selective_scan", {"mode": "loop", "bd": 32, "warps": 1, "chunk": 256, "programs": 1024,
+                                          "pf": 2, "dfirst": False, "bt": 16, "bc_full": False})
 
 
 @triton.jit
@@ -83,24 +101,37 @@ def _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t, t1, uo, lo, bo, co, zo, dm, n, nm
 
 
 @triton.jit
-def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
-          SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
-    """One token: returns the new state, dt (for sum dt) and y (unused when NEED_Y is off). Where `ok` is
-    false (a token past the piece's end) dt is 0, so the state is unchanged."""
+def _dt(dv, dbias, ok, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """dt = softplus(delta + bias) elementwise (any shape whose last axis is the channel block); 0 where `ok`
+    is false (a token past the piece's end: the state is left unchanged)."""
     dtv = dv.to(ACC)
     if HAS_DB:
         dtv += dbias
     if SOFTPLUS:
         dtv = softplus_fast(dtv, FAST)
-    dtv = tl.where(ok, dtv, 0.0)
+    return tl.where(ok, dtv, 0.0)
+
+
+@triton.jit
+def _gate(y, uf, zv, dskip, FAST: tl.constexpr, ACC: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """y + D u, times silu(z) (elementwise; the last axis is the channel block)."""
+    if HAS_D:
+        y += dskip * uf
+    if HAS_Z:
+        y = y * silu_fast(zv.to(ACC), FAST)
+    return y
+
+
+@triton.jit
+def _step(h, a2, uv, dv, bv, cv, zv, dbias, dskip, ok, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+          SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
+    """One token: returns the new state, dt (for sum dt) and y (unused when NEED_Y is off). Where `ok` is
+    false (a token past the piece's end) dt is 0, so the state is unchanged."""
+    dtv = _dt(dv, dbias, ok, FAST, ACC, HAS_DB, SOFTPLUS)
     uf = uv.to(ACC)
     h = exp2_fast(dtv[None, :] * a2, FAST) * h + (dtv * uf)[None, :] * bv.to(ACC)
     if NEED_Y:
-        y = tl.sum(h * cv.to(ACC), axis=0)
-        if HAS_D:
-            y += dskip * uf
-        if HAS_Z:
-            y = y * silu_fast(zv.to(ACC), FAST)
+        y = _gate(tl.sum(h * cv.to(ACC), axis=0), uf, zv, dskip, FAST, ACC, HAS_D, HAS_Z)
     else:
         y = dtv
     return h, dtv, y
@@ -128,13 +159,76 @@ def _sub(h, ypend, yl, sdt, a2, dbias, dskip, uv, dv, bv, cv, zv, tt, t0, t1, PF
 
 
 @triton.jit
+def _load_bc_blk(ptr, tt, okr, qm, goff, n, nm, s0, s2, GU: tl.constexpr, BC_FULL: tl.constexpr):
+    """Rows tt (a block of BT tokens; `okr` the rows before the piece's end, `qm` that and the channel mask)
+    of B or C: with one group for the whole channel block (GU) an (BT, BN, 1) tile, or with BC_FULL the
+    same rows broadcast over the block's channels, (BT, BN, BD) (the layout Triton then gives the block's
+    tiles puts lanes along N and channels and keeps the tokens in-thread); else (BT, BN, BD)."""
+    if GU and BC_FULL:
+        p = tl.broadcast_to(ptr + tt[:, None, None] * s0 + goff + n[None, :, None] * s2,
+                            (tt.shape[0], n.shape[0], qm.shape[1]))
+        return tl.load(p, mask=qm[:, None, :] & nm[None, :, None], other=0.0)
+    elif GU:
+        return tl.load(ptr + tt[:, None, None] * s0 + goff + n[None, :, None] * s2,
+                       mask=okr[:, None, None] & nm[None, :, None], other=0.0)
+    else:
+        return tl.load(ptr + tt[:, None, None] * s0 + goff[None, None, :] + n[None, :, None] * s2,
+                       mask=qm[:, None, :] & nm[None, :, None], other=0.0)
+
+
+@triton.jit
+def _combine(a1, b1, a2, b2):
+    """Two consecutive spans of the recurrence h -> a h + b, the earlier one first."""
+    return a1 * a2, a2 * b1 + b2
+
+
+@triton.jit
+def _blocks(h, sdt, a2, dbias, dskip, yl, t0, t1, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo,
+            dm, n, nm, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BT: tl.constexpr, IDX: tl.constexpr,
+            GU: tl.constexpr, BC_FULL: tl.constexpr, FAST: tl.constexpr, ACC: tl.constexpr, HAS_DB: tl.constexpr,
+            SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NEED_Y: tl.constexpr):
+    """Tokens [t0, t1) in blocks of BT ("assoc" mode): per block, (dA, dBu) of every (token, state, channel)
+    at once, an associative scan over the block's tokens, h_t = b_t + a_t h (h: the state carried in), y
+    stored for the whole block; rows past t1 have dt = 0 (a = 1, b = 0), so the last row is the carried
+    state. Returns the state after t1 - 1 and sum(dt) per channel (accumulated only when NEED_Y is off)."""
+    r = tl.arange(0, BT).to(IDX)
+    last = (r == BT - 1)[:, None, None]
+    for tb in range(t0, t1, BT):
+        tt = tb + r
+        okr = tt < t1
+        qm = okr[:, None] & dm[None, :]
+        dv = tl.load(dl_ptr + tt[:, None] * sl0 + lo[None, :], mask=qm, other=0.0)
+        uf = tl.load(u_ptr + tt[:, None] * su0 + uo[None, :], mask=qm, other=0.0).to(ACC)
+        bv = _load_bc_blk(b_ptr, tt, okr, qm, bo, n, nm, sb0, sb2, GU, BC_FULL).to(ACC)
+        dtv = _dt(dv, dbias[None, :], qm, FAST, ACC, HAS_DB, SOFTPLUS)
+        da = exp2_fast(dtv[:, None, :] * a2[None, :, :], FAST)
+        db = (dtv * uf)[:, None, :] * bv
+        aa, bb = tl.associative_scan((da, db), 0, _combine)
+        hs = bb + aa * h[None, :, :]
+        if NEED_Y:
+            cv = _load_bc_blk(c_ptr, tt, okr, qm, co, n, nm, sc0, sc2, GU, BC_FULL).to(ACC)
+            if HAS_Z:
+                zv = tl.load(z_ptr + tt[:, None] * sz0 + zo[None, :], mask=qm, other=0.0)
+            else:
+                zv = uf
+            y = _gate(tl.sum(hs * cv, axis=1), uf, zv, dskip[None, :], FAST, ACC, HAS_D, HAS_Z)
+            y = tl.where(yl[None, :], y, 0.0)
+            tl.store(y_ptr + tt[:, None] * sy0 + yo[None, :], y.to(y_ptr.dtype.element_ty), mask=qm)
+        else:
+            sdt += tl.sum(dtv, axis=0)
+        h = tl.sum(tl.where(last, hs, 0.0), axis=0)
+    return h, sdt
+
+
+@triton.jit
 def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
                  y_ptr, cs_ptr, hb_ptr, sdt_ptr,
                  Dm, N, CPG, S, L, pad_id,
                  su0, su1, sl0, sl1, sa0, sa1, sb0, sb1, sb2, sc0, sc1, sc2, sd0, sz0, sz1, sdb0,
                  ss0, ss1, ss2, sy0, sy1,
                  MODE: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, NSTEPS: tl.constexpr,
-                 GU: tl.constexpr, PF: tl.constexpr, DFIRST: tl.constexpr, IDX: tl.constexpr, FAST: tl.constexpr,
+                 ASSOC: tl.constexpr, BT: tl.constexpr, BC_FULL: tl.constexpr, GU: tl.constexpr, PF: tl.constexpr,
+                 DFIRST: tl.constexpr, IDX: tl.constexpr, FAST: tl.constexpr,
                  HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DB: tl.constexpr, SOFTPLUS: tl.constexpr,
                  ACC: tl.constexpr):
     # MODE 0: single pass (one piece per sequence; pool in, pool out, y)
@@ -198,41 +292,48 @@ def _scan_kernel(u_ptr, dl_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, db_ptr, st_pt
         h = tl.load(hb_ptr + hb_off, mask=nm[:, None] & (dm & valid)[None, :], other=0.0).to(ACC)
     sdt = zd.to(ACC)
     NEED_Y: tl.constexpr = MODE != 1
-    # slot i holds the inputs of token tb + i; after step i uses it, it is refilled with token tb + PF + i
-    u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                             su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-    if PF >= 2:
-        u1, d1, b1, c1, z1 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 1, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+    if ASSOC:
+        yo = d * sy1
+        yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
+        h, sdt = _blocks(h, sdt, a2, dbias, dskip, yl, t0, t1, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, y_ptr, uo, lo, bo,
+                         co, zo, yo, dm, n, nm, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0, BT, IDX, GU, BC_FULL, FAST, ACC,
+                         HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+    else:
+        # slot i holds the inputs of token tb + i; after step i uses it, it is refilled with token tb + PF + i
+        u0, d0, b0, c0, z0 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
                                  su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-    if PF >= 4:
-        u2, d2, b2, c2, z2 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 2, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-        u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
-                                 su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
-    yo = d * sy1
-    ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
-    yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
-    for tb in range(t0, t1, PF):
-        h, ypend, sdt, u0, d0, b0, c0, z0 = _sub(
-            h, ypend, yl, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr,
-            y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-            BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
         if PF >= 2:
-            h, ypend, sdt, u1, d1, b1, c1, z1 = _sub(
-                h, ypend, yl, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
-                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+            u1, d1, b1, c1, z1 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 1, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                     su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
         if PF >= 4:
-            h, ypend, sdt, u2, d2, b2, c2, z2 = _sub(
-                h, ypend, yl, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+            u2, d2, b2, c2, z2 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 2, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                     su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+            u3, d3, b3, c3, z3 = _ld(u_ptr, dl_ptr, b_ptr, c_ptr, z_ptr, t0 + 3, t1, uo, lo, bo, co, zo, dm, n, nm, zd,
+                                     su0, sl0, sb0, sb2, sc0, sc2, sz0, BD, GU, NEED_Y, HAS_Z)
+        yo = d * sy1
+        ypend = zd.to(ACC)  # y of the last valid token processed, stored one step late
+        yl = (zd + tl.load(idx_ptr + s).to(IDX)) != pad_id  # a pad request's tokens get y = 0
+        for tb in range(t0, t1, PF):
+            h, ypend, sdt, u0, d0, b0, c0, z0 = _sub(
+                h, ypend, yl, sdt, a2, dbias, dskip, u0, d0, b0, c0, z0, tb, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
                 c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
                 BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-            h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
-                h, ypend, yl, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
-                c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
-                BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
-    if NEED_Y:  # the last token's y (the loop stored up to the token before it)
-        tl.store(y_ptr + (t1 - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + t1) > t0))
+            if PF >= 2:
+                h, ypend, sdt, u1, d1, b1, c1, z1 = _sub(
+                    h, ypend, yl, sdt, a2, dbias, dskip, u1, d1, b1, c1, z1, tb + 1, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                    c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                    BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+            if PF >= 4:
+                h, ypend, sdt, u2, d2, b2, c2, z2 = _sub(
+                    h, ypend, yl, sdt, a2, dbias, dskip, u2, d2, b2, c2, z2, tb + 2, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                    c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                    BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+                h, ypend, sdt, u3, d3, b3, c3, z3 = _sub(
+                    h, ypend, yl, sdt, a2, dbias, dskip, u3, d3, b3, c3, z3, tb + 3, t0, t1, PF, u_ptr, dl_ptr, b_ptr,
+                    c_ptr, z_ptr, y_ptr, uo, lo, bo, co, zo, yo, dm, n, nm, zd, su0, sl0, sb0, sb2, sc0, sc2, sz0, sy0,
+                    BD, GU, FAST, ACC, HAS_DB, SOFTPLUS, HAS_D, HAS_Z, NEED_Y)
+        if NEED_Y:  # the last token's y (the loop stored up to the token before it)
+            tl.store(y_ptr + (t1 - 1) * sy0 + yo, ypend.to(y_ptr.dtype.element_ty), mask=dm & ((zd + t1) > t0))
     if MODE == 0:
         tl.store(sptr, h.to(st_ptr.dtype.element_ty), mask=nm[:, None] & (dm & live)[None, :])
     elif MODE == 1:
@@ -304,12 +405,21 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     # under the interpreter (CPU suites) every prefetch depth gets exercised, chosen by the token count
     pf = int(CONFIG["pf"]) if not interp else (1, 2, 4)[T % 3]
     if pf not in (1, 2, 4):
-        raise ValueError(f"selective_scan CONFIG['pf']: expected 1, 2 or 4, got {pf}")
+        fail("selective_scan CONFIG['pf']", "1, 2 or 4", pf)
+    mode = CONFIG["mode"]
+    if mode not in ("loop", "assoc"):
+        fail("selective_scan CONFIG['mode']", "'loop' or 'assoc'", repr(mode))
+    bt = int(CONFIG["bt"])
+    if bt < 1 or bt & (bt - 1):
+        fail("selective_scan CONFIG['bt']", "a power of 2", bt)
+    if interp:  # under the interpreter, several blocks to a piece
+        bt = min(bt, 4)
     dfirst = bool(CONFIG["dfirst"]) if not interp else T % 2 == 0
     NC = cdiv(T, L) + S  # bound on the piece count
     idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)
     fast = nvidia_fast(u) and acc_t == torch.float32
-    opt = dict(GU=(Dm // G) % BD == 0, PF=pf, DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
+    opt = dict(ASSOC=mode == "assoc", BT=bt, BC_FULL=bool(CONFIG["bc_full"]), GU=(Dm // G) % BD == 0, PF=pf,
+               DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
                HAS_DB=delta_bias is not None, SOFTPLUS=bool(delta_softplus), ACC=ACC, BD=BD, BN=BN, num_warps=warps)
     Dp = D if D is not None else u
     zp = z if z is not None else u
