@@ -24,6 +24,10 @@
 #              record as passed or skipped, the bench only the cases its bench.jsonl does not time, and
 #              they add their records to the baseline folder's files instead of replacing them
 #
+# Environment: BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
+# SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
+# seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S).
+#
 # Steps and what each writes into the baseline folder:
 #   env         env.json: versions, GPU, clocks, peers found; each later step adds its exit code and seconds
 #   tp          (only when named; 2 GPUs) the tensor-parallel suite over NCCL, TP = 2 against TP = 1 for
@@ -264,7 +268,7 @@ SWEEP_ALL=selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,select
 # sweep_one OPS OUT: harness bench sweep of OPS (comma-separated), timings to OUT
 sweep_one() {
   timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \
-    --op "$1" --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" --out "$2" > "${2%.jsonl}.txt" 2>&1
+    --op "$1" --budget "$(( $(limit ${SWEEP_S:-1800}) * 4 / 5 ))" ${SWEEP_ARGS:-} --out "$2" > "${2%.jsonl}.txt" 2>&1
 }
 
 step_sweep() {
@@ -310,7 +314,7 @@ if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   # nothing to check: both GPUs time
   export QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1
   export -f pin sweep_one halves limit left
-  export LOGS T0 BUDGET DEVICE SWEEP_S
+  export LOGS T0 BUDGET DEVICE SWEEP_S SWEEP_ARGS
   run_steps sweep bench
   BENCH_SPLIT=0 run_steps throughput
 elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
@@ -324,7 +328,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
   export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves bench_resume
-  export SWEEP_ALL
+  export SWEEP_ALL SWEEP_ARGS
   export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
   CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &

@@ -46,6 +46,11 @@ def _grid(**axes) -> list[dict]:
     return [dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys))]
 
 
+def _first(first: list, rest: list) -> list:
+    """`first`, then the candidates of `rest` not in it (a group's most important candidates lead)."""
+    return first + [c for c in rest if c not in first]
+
+
 def _rows(keys: tuple, rows: list) -> list[dict]:
     return [dict(zip(keys, r)) for r in rows]
 
@@ -66,9 +71,13 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         # and at chunk 0 (one pass per sequence where the channel blocks alone give enough programs: no second
         # pass over the exponentials). Tiles (bt, N 16, bd) of more than 64 fp32 values per thread are left
         # out: at sm_90 they spill (ptxas) or run at a few warps per SM.
-        SweepGroup("assoc", "selective_scan", [dict(c, mode="assoc", chunk=ch) for c in _grid(
-            bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8)) if c["bt"] * c["bd"] <= 128 * c["warps"]
-            for ch in (256, 0)]),
+        # Most important first (a tile per register budget, single pass before pieces), then the rest.
+        SweepGroup("assoc", "selective_scan", _first([
+            dict(mode="assoc", bt=bt, bd=bd, warps=w, chunk=ch) for bt, bd, w, ch in (
+                (16, 8, 4, 0), (32, 8, 4, 0), (16, 16, 4, 0), (32, 4, 4, 0), (16, 8, 4, 256), (16, 4, 2, 0),
+                (64, 4, 4, 0), (32, 8, 8, 0), (32, 16, 8, 0), (16, 32, 8, 0), (16, 16, 8, 256), (64, 8, 8, 0))],
+            [dict(c, mode="assoc", chunk=ch) for c in _grid(bt=(16, 32, 64), bd=(4, 8, 16, 32), warps=(2, 4, 8))
+             if c["bt"] * c["bd"] <= 128 * c["warps"] for ch in (256, 0)])),
         # the other register layout of the "assoc" tiles (B/C rows broadcast over the channel block: tokens
         # in-thread), at the tile shapes that compile without spills at moderate register counts
         SweepGroup("assoc_layout", "selective_scan", [
