@@ -67,7 +67,7 @@ def _host_values(t):
 def read_host(*tensors) -> list:
     """The values of 1-dim integer tensors on the host (a list of ints, or a numpy array for long ones), with
     one device->host transfer for all of them (on the CPU each is read as it is)."""
-    if len(tensors) > 1 and tensors[0].device.type != "cpu":
+    if len(tensors) > 1 and not tensors[0].is_cpu:
         tensors = torch.cat(tensors).cpu().split([t.shape[0] for t in tensors])  # int32 + int64 -> int64
     return [_host_values(t) for t in tensors]
 
