@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", OP_NAMES)
 def test_spec_is_complete(name):
     sp = SPECS[name]
-    for f in ("validate", "reference", "inputs", "bytes", "flops", "tokens"):
+    for f in ("validate", "checks", "reference", "inputs", "bytes", "flops", "tokens"):
         assert callable(getattr(sp, f)), f"{name}: spec field {f} is not callable"
     for kind in ("cpu", "gpu", "contract"):
         assert sp.shapes.get(kind), f"{name}: no {kind!r} shapes"

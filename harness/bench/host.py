@@ -32,7 +32,7 @@ def _materialize(spec, shape: dict, dtype) -> dict:
     """One valid input set for `shape` on the CPU without filling the float tensors: shapes from the spec's
     builder on the meta device; float tensors `torch.empty` (same shape, dtype, strides), the slot ids,
     offsets and flags rebuilt with real values (slots 1..n of the pool, equal-length sequences, all with an
-    initial state)."""
+    initial state, one accepted token per speculative row)."""
     import torch
 
     from harness.ops import _inputs as I
@@ -43,10 +43,12 @@ def _materialize(spec, shape: dict, dtype) -> dict:
             out[name] = t
         elif t.is_floating_point():
             out[name] = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype)
-        elif name == "query_start_loc":  # the token count is the first dim of the first argument
-            out[name] = I.seqs(meta[spec.args[0]].shape[0], t.numel() - 1, "cpu").to(t.dtype)
+        elif name == "query_start_loc":  # over the shape's packed tokens
+            out[name] = I.seqs(spec.tokens(shape), t.numel() - 1, "cpu").to(t.dtype)
         elif t.dtype == torch.bool:
             out[name] = torch.ones(tuple(t.shape), dtype=torch.bool)
+        elif name == "num_accepted_tokens":  # every row starts from its first position's slot
+            out[name] = torch.ones(tuple(t.shape), dtype=t.dtype)
         else:  # slot ids
             out[name] = torch.arange(1, t.numel() + 1, dtype=t.dtype).reshape(t.shape)
     return out

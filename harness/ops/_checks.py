@@ -4,6 +4,11 @@ Every check raises ValueError naming (argument, expected, got) through `referenc
 Index range checks read indices on the host (one device->host transfer per call: a varlen op's offsets
 and slot ids travel together); inside `no_index_checks()` (CUDA-graph capture, the benchmark loop) they
 are skipped. Validators run before every eager call, so the success path builds no message.
+
+Fast paths: each validator first asks a predicate whether its whole input is valid, reading each tensor's
+metadata once (the `*_ok` helpers below, which never raise); only when that says no do the checks one by
+one run, the first broken rule raising its error. A predicate may say no to valid input (the checks then
+accept it) but never yes to input a check rejects (the suites' bad-input and fuzz tests drive both).
 """
 from __future__ import annotations
 
@@ -62,7 +67,7 @@ def _host_values(t):
 def read_host(*tensors) -> list:
     """The values of 1-dim integer tensors on the host (a list of ints, or a numpy array for long ones), with
     one device->host transfer for all of them (on the CPU each is read as it is)."""
-    if len(tensors) > 1 and tensors[0].device.type != "cpu":
+    if len(tensors) > 1 and not tensors[0].is_cpu:
         tensors = torch.cat(tensors).cpu().split([t.shape[0] for t in tensors])  # int32 + int64 -> int64
     return [_host_values(t) for t in tensors]
 
@@ -214,18 +219,24 @@ def check_param(arg, t, shape, optional=True):
         fail(arg, " or ".join(f"shape {tuple(s)}" for s in shapes), f"shape {tuple(t.shape)}")
 
 
-def check_disjoint_slots(arg, pool):
-    """No two elements of the pool share memory (an `expand`ed or overlapping view would let writing one
-    slot change another)."""
+def slots_disjoint(pool) -> bool:
+    """No two elements of the pool share memory: its dims (size > 1), sorted by stride, each step past the
+    extent of the ones before (an `expand`ed or overlapping view would let writing one slot change another)."""
     if pool.is_contiguous():  # row-major strides: no two elements share memory
-        return
-    dims = sorted((st, sz) for st, sz in zip(pool.stride(), pool.shape) if sz > 1)
+        return True
     extent = 1
-    for st, sz in dims:
+    for st, sz in sorted((st, sz) for st, sz in zip(pool.stride(), pool.shape) if sz > 1):
         if st < extent:
-            fail(arg, "a pool whose slots and elements do not overlap in memory",
-                 f"shape {tuple(pool.shape)} with strides {tuple(pool.stride())}")
+            return False
         extent = st * (sz - 1) + extent
+    return True
+
+
+def check_disjoint_slots(arg, pool):
+    """No two elements of the pool share memory (`slots_disjoint`)."""
+    if not slots_disjoint(pool):
+        fail(arg, "a pool whose slots and elements do not overlap in memory",
+             f"shape {tuple(pool.shape)} with strides {tuple(pool.stride())}")
 
 
 def check_pool(arg, pool, slot_shape):
@@ -256,3 +267,140 @@ def check_spec_decode(query_start_loc, indices_arg, state_indices, num_accepted_
         spec_rows(query_start_loc, state_indices, num_accepted_tokens, num_tokens, num_slots, pad_slot_id,
                   indices_arg)
     return Bsz, state_indices.shape[1]
+
+
+# ------------------------------------------------------------------------------ fast paths
+# Predicates over many rules at once, for the validators' success path (module docstring). Each returns
+# True only where the corresponding check_* functions pass, and never raises: any argument may be anything.
+# `dev` is the device of the op's first activation, already known not to be the meta device; a tensor on
+# `dev` has data.
+
+_Tensor = torch.Tensor
+ACT = frozenset(ACT_DTYPES)
+INT = frozenset(INT_DTYPES)
+
+
+def act_shape(x, ndim: int):
+    """`x` a tensor with data, of an activation dtype and `ndim` dims: its shape, else None."""
+    if isinstance(x, _Tensor) and not x.is_meta and x.dtype in ACT:
+        s = x.shape
+        if len(s) == ndim:
+            return s
+    return None
+
+
+def pad_ok(pad_slot_id) -> bool:
+    """`check_pad_slot_id` passes."""
+    return type(pad_slot_id) is int and _INT64[0] <= pad_slot_id <= _INT64[1]
+
+
+def fits(t, shape: tuple, dev) -> bool:
+    """A tensor of an activation dtype and exactly `shape` on `dev`."""
+    return isinstance(t, _Tensor) and t.device == dev and t.dtype in ACT and t.shape == shape
+
+
+def opt_ok(t, shape: tuple, dev) -> bool:
+    """An optional float tensor: None, or `fits`."""
+    return t is None or (isinstance(t, _Tensor) and t.device == dev and t.dtype in ACT and t.shape == shape)
+
+
+def param_ok(t, shapes: tuple, dev) -> bool:
+    """`check_param(arg, t, shapes)` passes and `t` (None or a tensor) is on `dev`."""
+    return t is None or (isinstance(t, _Tensor) and t.device == dev and t.dtype in ACT and t.shape in shapes)
+
+
+def out_ok(out, shape: tuple, dtype, dev) -> bool:
+    """`check_out(out, shape, dtype, dev)` passes."""
+    return out is None or (isinstance(out, _Tensor) and out.device == dev and out.dtype == dtype
+                           and out.shape == shape)
+
+
+def pool_ok(pool, dev) -> bool:
+    """A pool on `dev` of an activation dtype whose slots do not overlap (its shape is the caller's)."""
+    return isinstance(pool, _Tensor) and pool.device == dev and pool.dtype in ACT and slots_disjoint(pool)
+
+
+def bc_ok(B, C, rows: int, channels: int, N, dev) -> int:
+    """B and C pass `check_groups` alike (same shape; N = `N` unless None) on `dev`: the group count G, else 0."""
+    if not (isinstance(B, _Tensor) and isinstance(C, _Tensor) and B.device == dev and C.device == dev
+            and B.dtype in ACT and C.dtype in ACT):
+        return 0
+    bs = B.shape
+    if len(bs) != 3 or bs[0] != rows or (N is not None and bs[2] != N) or C.shape != bs:
+        return 0
+    G = bs[1]
+    return G if G > 0 and channels % G == 0 else 0
+
+
+def eps_ok(eps) -> bool:
+    """`check_eps` passes (for a float; an int goes through the check)."""
+    return type(eps) is float and 0.0 < eps < INF
+
+
+def limit_ok(dt_limit) -> bool:
+    """`check_dt_limit` passes (its common case: a tuple of two ints or floats, lo <= hi; NaN fails)."""
+    return type(dt_limit) is tuple and len(dt_limit) == 2 and type(dt_limit[0]) in _REAL \
+        and type(dt_limit[1]) in _REAL and dt_limit[0] <= dt_limit[1]
+
+
+def _offsets_ok(values, num_tokens: int) -> bool:
+    """`check_offsets` passes on offsets read by `read_host` (a list, or a numpy array for long ones)."""
+    if isinstance(values, list):
+        return len(values) >= 2 and values[0] == 0 and values[-1] == num_tokens and values == sorted(values)
+    return len(values) >= 2 and values[0] == 0 and values[-1] == num_tokens and bool((values[1:] >= values[:-1]).all())
+
+
+def slots_ok(idx, n: int, num_slots: int, pad_slot_id, dev) -> bool:
+    """`check_indices(arg, idx, n, num_slots, pad_slot_id)` passes and `idx` is on `dev` (the values read
+    unless inside `no_index_checks()`)."""
+    if not (isinstance(idx, _Tensor) and idx.device == dev and idx.dtype in INT and idx.shape == (n,)
+            and pad_ok(pad_slot_id)):
+        return False
+    return not (_INDEX_CHECKS[-1] and n) or _ids_ok(read_host(idx)[0], n, num_slots, pad_slot_id)
+
+
+def varlen_ok(query_start_loc, num_tokens: int, idx, flags, num_slots: int, pad_slot_id, dev):
+    """`check_qsl_indices` and `check_flags` pass, the three tensors on `dev`: the sequence count S, else None
+    (offsets and slot ids read in one transfer unless inside `no_index_checks()`)."""
+    q = query_start_loc
+    if not (isinstance(q, _Tensor) and isinstance(idx, _Tensor) and isinstance(flags, _Tensor)
+            and q.device == dev and idx.device == dev and flags.device == dev and pad_ok(pad_slot_id)
+            and q.dtype in INT and idx.dtype in INT and flags.dtype == torch.bool):
+        return None
+    qs = q.shape
+    if len(qs) != 1 or qs[0] < 2:
+        return None
+    S = qs[0] - 1
+    if idx.shape != (S,) or flags.shape != (S,):
+        return None
+    if _INDEX_CHECKS[-1]:
+        qv, iv = read_host(q, idx)
+        if not _offsets_ok(qv, num_tokens) or (S and not _ids_ok(iv, S, num_slots, pad_slot_id)):
+            return None
+    return S
+
+
+def spec_decode_ok(query_start_loc, table, num_accepted_tokens, num_tokens: int, num_slots: int, pad_slot_id,
+                   dev):
+    """`check_spec_decode` passes, the three tensors on `dev`: (Bsz, num_spec + 1), else None (the offsets,
+    counts and slot table read in one transfer unless inside `no_index_checks()`)."""
+    q, acc = query_start_loc, num_accepted_tokens
+    if not (isinstance(q, _Tensor) and isinstance(table, _Tensor) and isinstance(acc, _Tensor)
+            and q.device == dev and table.device == dev and acc.device == dev and pad_ok(pad_slot_id)
+            and q.dtype in INT and table.dtype in INT and acc.dtype in INT):
+        return None
+    qs, ts = q.shape, table.shape
+    if len(qs) != 1 or qs[0] < 2 or len(ts) != 2:
+        return None
+    Bsz, S = ts
+    if qs[0] != Bsz + 1 or S < 1 or acc.shape != (Bsz,):
+        return None
+    if _INDEX_CHECKS[-1]:
+        qv, av, tv = read_host(q, acc, table.reshape(-1))
+        if not _offsets_ok(qv, num_tokens) or not _ids_ok(tv, Bsz * S, num_slots, pad_slot_id):
+            return None
+        longest = max(e - s for s, e in zip(qv, qv[1:])) if isinstance(qv, list) else (qv[1:] - qv[:-1]).max()
+        lo, hi = (min(av), max(av)) if isinstance(av, list) else (av.min(), av.max())  # Bsz >= 1 here
+        if longest > S or lo < 1 or hi > S:
+            return None
+    return Bsz, S

@@ -12,12 +12,18 @@ import torch
 from functools import partial
 
 from harness.ops import _inputs as I
+from harness.ops._checks import ACT as _ACT
 from harness.ops._checks import ACT_DTYPES as _ACT_DTYPES
+from harness.ops._checks import INF as _INF
 from harness.ops._checks import PAD_SLOT_ID, check_disjoint_slots, check_flags
 from harness.ops._checks import check_indices as _check_indices
 from harness.ops._checks import check_out as _check_out
 from harness.ops._checks import check_qsl_indices as _check_qsl_indices
+from harness.ops._checks import out_ok as _out_ok
+from harness.ops._checks import pool_ok as _pool_ok
 from harness.ops._checks import same_device as _same_device
+from harness.ops._checks import slots_ok as _slots_ok
+from harness.ops._checks import varlen_ok as _varlen_ok
 from reference.delta_rule import check_options, check_shapes, check_state_shape
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor, fail
@@ -39,8 +45,51 @@ def _check_pool(ssm_states, Hv: int, V: int, K: int) -> None:
     check_disjoint_slots("ssm_states", ssm_states)
 
 
+def _qkv_ok(kind, q, k, v, g, beta, ssm_states, scale, use_qk_l2norm):
+    """`_check_qkv`, `_check_pool` and `check_options` pass with every tensor on q's device: (n, Hk, Hv, K, V),
+    else None (the validators' fast path)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+            and isinstance(g, torch.Tensor) and isinstance(beta, torch.Tensor)) or q.is_meta \
+            or type(use_qk_l2norm) is not bool or not (scale is None or (type(scale) is float and 0.0 < scale < _INF)):
+        return None
+    dt, dev = q.dtype, q.device
+    if dt not in _ACT or k.dtype != dt or v.dtype != dt or g.dtype not in _ACT or beta.dtype not in _ACT \
+            or k.device != dev or v.device != dev or g.device != dev or beta.device != dev:
+        return None
+    qs, vs = q.shape, v.shape
+    if len(qs) != 3 or len(vs) != 3 or k.shape != qs or vs[0] != qs[0]:
+        return None
+    n, Hk, K = qs
+    Hv, V = vs[1], vs[2]
+    if kind == "kda":
+        if Hv != Hk or g.shape != (n, Hv, K):
+            return None
+    elif Hk <= 0 or Hv % Hk != 0 or g.shape != (n, Hv):
+        return None
+    if beta.shape != (n, Hv) or not isinstance(ssm_states, torch.Tensor) or ssm_states.shape[1:] != (Hv, V, K) \
+            or not _pool_ok(ssm_states, dev):
+        return None
+    return n, Hk, Hv, K, V
+
+
 def _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
                      scale, use_qk_l2norm, pad_slot_id, out):
+    dims = _qkv_ok(kind, q, k, v, g, beta, ssm_states, scale, use_qk_l2norm)
+    if dims is not None:
+        T, _, Hv, _, V = dims
+        dev = q.device
+        if _out_ok(out, (T, Hv, V), v.dtype, dev):
+            S = _varlen_ok(query_start_loc, T, cache_indices, has_initial_state, ssm_states.shape[0], pad_slot_id,
+                           dev)
+            if S is not None:
+                return dims + (S,)
+    return _check_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                         scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def _check_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                  scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    """The varlen validator's rules one by one, the first broken one raising (its slow path)."""
     T, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "T")
     _check_pool(ssm_states, Hv, V, K)
     check_options(scale, use_qk_l2norm)
@@ -53,6 +102,19 @@ def _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_
 
 
 def _validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
+    dims = _qkv_ok(kind, q, k, v, g, beta, ssm_states, scale, use_qk_l2norm)
+    if dims is not None:
+        B, _, Hv, _, V = dims
+        dev = q.device
+        if _out_ok(out, (B, Hv, V), v.dtype, dev) \
+                and _slots_ok(state_indices, B, ssm_states.shape[0], pad_slot_id, dev):
+            return dims
+    return _check_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def _check_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale=None, use_qk_l2norm=False,
+                  pad_slot_id=PAD_SLOT_ID, out=None):
+    """The decode validator's rules one by one, the first broken one raising (its slow path)."""
     B, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "B")
     _check_pool(ssm_states, Hv, V, K)
     check_options(scale, use_qk_l2norm)
@@ -190,6 +252,7 @@ def make_spec(kind: str, varlen: bool, name: str, doc: str, shapes: dict) -> OpS
         name=name, args=VARLEN_ARGS if varlen else UPDATE_ARGS,
         options=dict(scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None),
         pool="ssm_states", index="cache_indices" if varlen else "state_indices",
-        validate=validate, reference=partial(reference_varlen if varlen else reference_update, kind),
+        validate=validate, checks=partial(_check_varlen if varlen else _check_update, kind),
+        reference=partial(reference_varlen if varlen else reference_update, kind),
         inputs=partial(inputs, kind, varlen), bytes=partial(nbytes, varlen=varlen), flops=flops,
         tokens=I.tokens_T if varlen else I.tokens_B, shapes=shapes, bad_inputs=bad_inputs(kind), doc=doc)

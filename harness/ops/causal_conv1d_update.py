@@ -10,13 +10,27 @@ from __future__ import annotations
 
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
-from harness.ops.causal_conv1d_varlen import _width9, check_conv_params
+from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_params_ok
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor
 
 
 def validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation=None,
                                   pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    xs = ck.act_shape(x, 2)
+    if xs is not None:
+        dev = x.device
+        Bsz, D = xs
+        K = conv_params_ok(D, weight, bias, conv_states, activation, dev)
+        if K and ck.out_ok(out, xs, x.dtype, dev) \
+                and ck.slots_ok(conv_state_indices, Bsz, conv_states.shape[0], pad_slot_id, dev):
+            return Bsz, D, K
+    return check_rules(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
+
+
+def check_rules(x, conv_states, weight, bias, conv_state_indices, activation=None, pad_slot_id=ck.PAD_SLOT_ID,
+                out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     check_tensor("x", x, ndim=2, dtypes=ck.ACT_DTYPES)
     Bsz, D = x.shape
     K = check_conv_params(D, weight, bias, conv_states, activation)
@@ -65,7 +79,8 @@ SPEC = OpSpec(
     args=("x", "conv_states", "weight", "bias", "conv_state_indices"),
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="conv_state_indices",
-    validate=validate_causal_conv1d_update, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_causal_conv1d_update, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=I.tokens_B,
     shapes={
         "cpu": [dict(B=8, D=64, K=4)],

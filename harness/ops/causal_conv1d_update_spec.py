@@ -17,7 +17,7 @@ from __future__ import annotations
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
 from harness.ops import _spec_decode as SD
-from harness.ops.causal_conv1d_varlen import _width9, check_conv_params
+from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_params_ok
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor
 
@@ -25,6 +25,23 @@ from reference.validate import check_tensor
 def validate_causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_state_indices,
                                        num_accepted_tokens, activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None):
     """Returns (T, D, K, Bsz, S) with S = num_spec + 1."""
+    xs = ck.act_shape(x, 2)
+    if xs is not None:
+        dev = x.device
+        T, D = xs
+        K = conv_params_ok(D, weight, bias, conv_states, activation, dev)
+        if K and ck.out_ok(out, xs, x.dtype, dev):
+            rows = ck.spec_decode_ok(query_start_loc, conv_state_indices, num_accepted_tokens, T, conv_states.shape[0],
+                                     pad_slot_id, dev)
+            if rows is not None:
+                return T, D, K, rows[0], rows[1]
+    return check_rules(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
+                       activation, pad_slot_id, out)
+
+
+def check_rules(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
+                activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     check_tensor("x", x, ndim=2, dtypes=ck.ACT_DTYPES)
     T, D = x.shape
     K = check_conv_params(D, weight, bias, conv_states, activation)
@@ -84,7 +101,8 @@ SPEC = OpSpec(
     args=("x", "conv_states", "weight", "bias", "query_start_loc", "conv_state_indices", "num_accepted_tokens"),
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="conv_state_indices",
-    validate=validate_causal_conv1d_update_spec, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_causal_conv1d_update_spec, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=SD.tokens,
     shapes={
         "cpu": [dict(B=8, D=64, K=4, num_spec=2)],

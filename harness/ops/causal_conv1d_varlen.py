@@ -34,8 +34,40 @@ def check_conv_params(D, weight, bias, conv_states, activation) -> int:
     return K
 
 
+def conv_params_ok(D, weight, bias, conv_states, activation, dev) -> int:
+    """`check_conv_params` passes and the tensors are on `dev`: K, else 0 (the validators' fast path)."""
+    if not (isinstance(weight, torch.Tensor) and isinstance(conv_states, torch.Tensor)) \
+            or not (activation is None or (type(activation) is str and activation == "silu")):
+        return 0
+    ws, ss = weight.shape, conv_states.shape
+    if len(ws) != 2 or len(ss) != 3:
+        return 0
+    K = ws[1]
+    if ws[0] != D or not 2 <= K <= 8 or ss[1] != D or ss[2] != K - 1 or weight.device != dev \
+            or weight.dtype not in ck.ACT or not ck.pool_ok(conv_states, dev) or not ck.opt_ok(bias, (D,), dev):
+        return 0
+    return K
+
+
 def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
                                   has_initial_state, activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    xs = ck.act_shape(x, 2)
+    if xs is not None:
+        dev = x.device
+        T, D = xs
+        K = conv_params_ok(D, weight, bias, conv_states, activation, dev)
+        if K and ck.out_ok(out, xs, x.dtype, dev):
+            S = ck.varlen_ok(query_start_loc, T, cache_indices, has_initial_state, conv_states.shape[0], pad_slot_id,
+                             dev)
+            if S is not None:
+                return T, D, K, S
+    return check_rules(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, activation,
+                       pad_slot_id, out)
+
+
+def check_rules(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, activation=None,
+                pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     check_tensor("x", x, ndim=2, dtypes=ck.ACT_DTYPES)
     T, D = x.shape
     K = check_conv_params(D, weight, bias, conv_states, activation)
@@ -97,7 +129,8 @@ SPEC = OpSpec(
     args=("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices", "has_initial_state"),
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="cache_indices",
-    validate=validate_causal_conv1d_varlen, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_causal_conv1d_varlen, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=I.tokens_T,
     shapes={
         "cpu": [dict(T=64, D=64, K=4, S=2), dict(T=256, D=64, K=4, S=2)],

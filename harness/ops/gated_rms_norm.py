@@ -13,6 +13,19 @@ from reference.validate import check_tensor, fail
 
 
 def validate_gated_rms_norm(x, weight, z, eps=1e-6, group_size=None, out=None):
+    xs = ck.act_shape(x, 2)
+    if xs is not None and ck.eps_ok(eps):
+        dev = x.device
+        T, Dd = xs
+        gs = Dd if group_size is None else group_size
+        if type(gs) is int and gs > 0 and Dd % gs == 0 and ck.fits(weight, (Dd,), dev) and ck.opt_ok(z, xs, dev) \
+                and ck.out_ok(out, xs, x.dtype, dev):
+            return T, Dd, gs
+    return check_rules(x, weight, z, eps, group_size, out)
+
+
+def check_rules(x, weight, z, eps=1e-6, group_size=None, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     check_tensor("x", x, ndim=2, dtypes=ck.ACT_DTYPES)
     T, Dd = x.shape
     check_tensor("weight", weight, shape=(Dd,), dtypes=ck.ACT_DTYPES)
@@ -61,7 +74,8 @@ SPEC = OpSpec(
     name="gated_rms_norm",
     args=("x", "weight", "z"),
     options=dict(eps=1e-6, group_size=None, norm_before_gate=True, out=None),
-    validate=validate_gated_rms_norm, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_gated_rms_norm, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=I.tokens_T,
     shapes={
         "cpu": [dict(T=64, D=128, group=64), dict(T=256, D=128, group=64)],

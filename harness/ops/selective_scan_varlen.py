@@ -18,6 +18,27 @@ from reference.validate import check_tensor, fail
 
 def validate_selective_scan_varlen(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc,
                                    cache_indices, has_initial_state, pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    us = ck.act_shape(u, 2)
+    if us is not None and isinstance(A, torch.Tensor) and isinstance(ssm_states, torch.Tensor):
+        dev = u.device
+        T, Dm = us
+        As, ps = A.shape, ssm_states.shape
+        if len(As) == 2 and As[0] == Dm and A.device == dev and A.dtype in ck.ACT and ck.fits(delta, us, dev) \
+                and ck.opt_ok(D, (Dm,), dev) and ck.opt_ok(z, us, dev) and ck.opt_ok(delta_bias, (Dm,), dev) \
+                and len(ps) == 3 and ps[1] == Dm and ps[2] == As[1] and ck.pool_ok(ssm_states, dev) \
+                and ck.out_ok(out, us, u.dtype, dev):
+            G = ck.bc_ok(B, C, T, Dm, As[1], dev)
+            if G:
+                S = ck.varlen_ok(query_start_loc, T, cache_indices, has_initial_state, ps[0], pad_slot_id, dev)
+                if S is not None:
+                    return T, Dm, As[1], G, S
+    return check_rules(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
+                       has_initial_state, pad_slot_id, out)
+
+
+def check_rules(u, delta, A, B, C, D, z, delta_bias, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     check_tensor("u", u, ndim=2, dtypes=ck.ACT_DTYPES)
     T, Dm = u.shape
     check_tensor("delta", delta, shape=(T, Dm), dtypes=ck.ACT_DTYPES)
@@ -97,7 +118,8 @@ SPEC = OpSpec(
           "cache_indices", "has_initial_state"),
     options=dict(delta_softplus=True, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="ssm_states", index="cache_indices",
-    validate=validate_selective_scan_varlen, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_selective_scan_varlen, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=I.tokens_T,
     shapes={
         "cpu": [dict(T=64, Dm=32, N=8, G=1, S=2), dict(T=256, Dm=32, N=8, G=1, S=2)],

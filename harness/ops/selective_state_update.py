@@ -23,12 +23,53 @@ from reference.validate import check_tensor, fail
 def validate_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices,
                                     dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None):
     """Returns ("mamba1", Bsz, Dm, N, G) or ("mamba2", Bsz, H, P, N, G)."""
+    layout = layout_ok(state, x, dt, A, B, C, D, z, dt_bias, dt_limit)
+    if layout is not None:
+        dev = x.device
+        if ck.out_ok(out, x.shape, x.dtype, dev) \
+                and ck.slots_ok(state_batch_indices, layout[1], state.shape[0], pad_slot_id, dev):
+            return layout
+    return check_rules(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, dt_limit, pad_slot_id, out)
+
+
+def check_rules(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, dt_limit=(0.0, ck.INF),
+                pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     layout = check_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_limit)
     ck.check_indices("state_batch_indices", state_batch_indices, layout[1], state.shape[0], pad_slot_id)
     ck.same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                    state_batch_indices=state_batch_indices)
     ck.check_out(out, tuple(x.shape), x.dtype, x.device)
     return layout
+
+
+def layout_ok(state, x, dt, A, B, C, D, z, dt_bias, dt_limit):
+    """`check_layout` passes with every tensor on x's device: the layout it returns, else None (the
+    validators' fast path)."""
+    xs = ck.act_shape(x, 3 if isinstance(state, torch.Tensor) and state.dim() == 4 else 2)  # the layout's x
+    if xs is None or not (isinstance(dt, torch.Tensor) and isinstance(A, torch.Tensor)) or not ck.limit_ok(dt_limit):
+        return None
+    dev = x.device
+    if not ck.pool_ok(state, dev) or dt.device != dev or A.device != dev or dt.dtype not in ck.ACT \
+            or A.dtype not in ck.ACT:
+        return None
+    ss = state.shape
+    Bsz = xs[0]
+    if len(ss) == 3:
+        _, Dm, N = ss
+        if xs[1] != Dm or dt.shape != xs or A.shape != (Dm, N) or not ck.opt_ok(D, (Dm,), dev) \
+                or not ck.opt_ok(z, xs, dev) or not ck.opt_ok(dt_bias, (Dm,), dev):
+            return None
+        G = ck.bc_ok(B, C, Bsz, Dm, N, dev)
+        return ("mamba1", Bsz, Dm, N, G) if G else None
+    if len(ss) != 4:
+        return None
+    _, H, P, N = ss
+    if xs[1] != H or xs[2] != P or dt.shape != (Bsz, H) or A.shape != (H,) or not ck.param_ok(D, ((H,), (H, P)), dev) \
+            or not ck.opt_ok(z, xs, dev) or not ck.opt_ok(dt_bias, (H,), dev):
+        return None
+    G = ck.bc_ok(B, C, Bsz, H, N, dev)
+    return ("mamba2", Bsz, H, P, N, G) if G else None
 
 
 def check_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_limit):
@@ -152,7 +193,8 @@ SPEC = OpSpec(
     args=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices"),
     options=dict(dt_softplus=True, dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="state", index="state_batch_indices",
-    validate=validate_selective_state_update, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_selective_state_update, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=I.tokens_B,
     shapes={
         "cpu": [dict(layout="mamba1", B=8, Dm=64, N=8, G=1), dict(layout="mamba2", B=8, H=4, P=16, N=16, G=1)],

@@ -21,7 +21,7 @@ from harness.ops import _checks as ck
 from harness.ops import _inputs as I
 from harness.ops import _spec_decode as SD
 from harness.ops.selective_scan_varlen import _bad_groups
-from harness.ops.selective_state_update import _bad_d, check_layout, state_update_tensors
+from harness.ops.selective_state_update import _bad_d, check_layout, layout_ok, state_update_tensors
 from harness.ops.spec import OpSpec
 
 
@@ -29,6 +29,21 @@ def validate_selective_state_update_spec(state, x, dt, A, B, C, D, z, dt_bias, q
                                          num_accepted_tokens, dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID,
                                          out=None):
     """Returns ("mamba1", T, Dm, N, G, Bsz, S) or ("mamba2", T, H, P, N, G, Bsz, S) with S = num_spec + 1."""
+    layout = layout_ok(state, x, dt, A, B, C, D, z, dt_bias, dt_limit)
+    if layout is not None:
+        dev = x.device
+        if ck.out_ok(out, x.shape, x.dtype, dev):
+            rows = ck.spec_decode_ok(query_start_loc, state_batch_indices, num_accepted_tokens, layout[1],
+                                     state.shape[0], pad_slot_id, dev)
+            if rows is not None:
+                return layout + rows
+    return check_rules(state, x, dt, A, B, C, D, z, dt_bias, query_start_loc, state_batch_indices,
+                       num_accepted_tokens, dt_limit, pad_slot_id, out)
+
+
+def check_rules(state, x, dt, A, B, C, D, z, dt_bias, query_start_loc, state_batch_indices, num_accepted_tokens,
+                dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     layout = check_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_limit)
     Bsz, S = ck.check_spec_decode(query_start_loc, "state_batch_indices", state_batch_indices, num_accepted_tokens,
                                   x.shape[0], state.shape[0], pad_slot_id)
@@ -84,7 +99,8 @@ SPEC = OpSpec(
           "num_accepted_tokens"),
     options=dict(dt_softplus=True, dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="state", index="state_batch_indices",
-    validate=validate_selective_state_update_spec, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_selective_state_update_spec, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=SD.tokens,
     shapes={
         "cpu": [dict(layout="mamba1", B=8, Dm=64, N=8, G=1, num_spec=2),

@@ -13,7 +13,12 @@ options     keyword-only options with their defaults (`pad_slot_id` and `out` in
 pool        the state-pool argument (read and written in place), or None.
 index       the argument naming each request's pool slot, or None.
 validate    validate(*args, **options): raises ValueError (argument, expected, got) before anything is
-            written; returns the op's dimensions.
+            written; returns the op's dimensions. Runs before every eager call: it first asks a predicate
+            over the whole input, reading each tensor's metadata once, and only when that says no runs
+            `checks`.
+checks      checks(*args, **options): the same rules one at a time, the first broken one raising (the
+            validator's slow path). For any input, `validate` returns what `checks` returns or raises
+            the error `checks` raises (suites/ops/test_ops_host_path.py, test_ops_contract_fuzz.py).
 reference   reference(compute_dtype, *args, **options) -> y: the plain-loop reference ops of `reference/`
             evaluated in `compute_dtype` (float64 for the oracle); writes final states into the pool it is
             given.
@@ -45,6 +50,7 @@ class OpSpec:
     args: tuple[str, ...]
     options: dict
     validate: Callable
+    checks: Callable
     reference: Callable
     inputs: Callable
     bytes: Callable

@@ -19,6 +19,27 @@ from reference.validate import check_tensor, fail
 
 def validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
                         has_initial_state, dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    xs = ck.act_shape(x, 3)
+    if xs is not None and isinstance(B, torch.Tensor) and isinstance(ssm_states, torch.Tensor) \
+            and type(chunk_size) is int and chunk_size >= 1 and ck.limit_ok(dt_limit):
+        dev = x.device
+        T, H, P = xs
+        bs, ps = B.shape, ssm_states.shape
+        if len(bs) == 3 and ck.fits(dt, (T, H), dev) and ck.fits(A, (H,), dev) \
+                and ck.param_ok(D, ((H,), (H, P)), dev) and ck.opt_ok(z, xs, dev) and ck.opt_ok(dt_bias, (H,), dev) \
+                and ps[1:] == (H, P, bs[2]) and ck.pool_ok(ssm_states, dev) and ck.out_ok(out, xs, x.dtype, dev):
+            G = ck.bc_ok(B, C, T, H, None, dev)
+            if G:
+                S = ck.varlen_ok(query_start_loc, T, cache_indices, has_initial_state, ps[0], pad_slot_id, dev)
+                if S is not None:
+                    return T, H, P, bs[2], G, S
+    return check_rules(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+                       has_initial_state, dt_limit, pad_slot_id, out)
+
+
+def check_rules(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_start_loc, cache_indices,
+                has_initial_state, dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    """The validator's rules one by one, the first broken one raising (its slow path)."""
     check_tensor("x", x, ndim=3, dtypes=ck.ACT_DTYPES)
     T, H, P = x.shape
     check_tensor("dt", dt, shape=(T, H), dtypes=ck.ACT_DTYPES)
@@ -104,7 +125,8 @@ SPEC = OpSpec(
           "cache_indices", "has_initial_state"),
     options=dict(dt_softplus=True, dt_limit=(0.0, ck.INF), pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="ssm_states", index="cache_indices",
-    validate=validate_ssd_varlen, reference=reference, inputs=inputs, bytes=nbytes, flops=flops,
+    validate=validate_ssd_varlen, checks=check_rules, reference=reference,
+    inputs=inputs, bytes=nbytes, flops=flops,
     tokens=I.tokens_T,
     shapes={
         "cpu": [dict(T=64, H=4, P=16, G=1, N=16, S=2, chunk=32), dict(T=256, H=4, P=16, G=1, N=16, S=2, chunk=32)],

@@ -229,6 +229,19 @@ def test_bench_host_subcommand(capsys):
     assert main(["bench", "host", "--shapes", "contract,nope"]) == 2
 
 
+
+def test_bench_host_every_op():
+    """Every op's input set as `harness bench host` rebuilds it is valid (the speculative-decode ops too: a
+    slot table, accepted-token counts and offsets over the shape's tokens, not the pool's first dim)."""
+    from harness.bench.host import time_validators
+    from harness.ops import SPECS
+    quick = Budget(min_reps=1, min_time=0, warmup=0)
+    rows = time_validators(None, ("contract",), quick)
+    assert [r["op"] for r in rows] == [n for n, s in SPECS.items() for _ in s.shapes["contract"]]
+    spec_ops = [n for n in SPECS if n.endswith("_spec")]
+    assert spec_ops and len(time_validators(spec_ops, ("gpu",), quick)) == sum(
+        len(SPECS[n].shapes["gpu"]) for n in spec_ops)
+
 def test_bench_loader_subcommand(tmp_path, capsys):
     """`harness bench loader` times every loader on one synthetic checkpoint and writes one timing record per
     loader (GB/s of checkpoint data) next to the JSON summary."""

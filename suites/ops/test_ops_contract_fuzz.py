@@ -11,16 +11,17 @@ profile draws a few examples per op and implementation; nightly draws hundreds.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 
 import pytest
 import torch
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from harness.testing.checks import assert_bitwise_equal, poison_
 from harness.testing.optest import require
-from harness.ops import SPECS
+from harness.ops import SPECS, no_index_checks
 from harness.testing import strict_op
 
 OPS = sorted(SPECS)
@@ -168,3 +169,34 @@ def test_malformed_inputs_raise_before_anything_is_touched(impl, device, op, dat
         f"{str(expected)!r}, got {str(ei.value)!r}")
     for k, b in before.items():
         assert_bitwise_equal(f"{op} ({impl.name}): {k} after a rejected call", kw[k], b)
+
+
+def _outcome(fn) -> tuple:
+    """("returned", value) or ("raised", exception type, message)."""
+    try:
+        return ("returned", fn())
+    except Exception as e:  # noqa: BLE001 - compared, not swallowed
+        return ("raised", type(e), str(e))
+
+
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=settings.default.max_examples * 8)
+@given(data=st.data())
+def test_fast_path_agrees_with_the_checks(device, op, data):
+    """A validator's fast path (one predicate over all arguments) never accepts what its rule-by-rule checks
+    (`OpSpec.checks`) reject: on input with zero, one or two defects both return the same dimensions or raise
+    the same error, with and without the index checks. Validators only: many more examples than above."""
+    sp = SPECS[op]
+    shape = data.draw(st.sampled_from(sp.shapes["contract"]), label="contract shape")
+    kw = sp.inputs(shape, torch.float32, device, torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1))))
+    if data.draw(st.booleans(), label="with out="):
+        pos, opt = sp.split({k: v.clone() if torch.is_tensor(v) else v for k, v in kw.items()})
+        kw["out"] = torch.empty_like(sp.reference(torch.float32, *pos, **opt))
+    defects = [_mutate(data, sp, kw)[:2] for _ in range(data.draw(st.integers(0, 2), label="defects"))]
+    pos, opt = sp.split(kw)
+    takes = inspect.signature(sp.validate).parameters
+    opt = {k: v for k, v in opt.items() if k in takes}
+    with contextlib.nullcontext() if data.draw(st.booleans(), label="index checks") else no_index_checks():
+        fast = _outcome(lambda: sp.validate(*pos, **opt))
+        slow = _outcome(lambda: sp.checks(*pos, **opt))
+    assert fast == slow, f"{op} (defects {defects}): the validator gives {fast}, its checks {slow}"

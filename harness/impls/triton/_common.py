@@ -3,6 +3,9 @@
 * `interpreting()`: True when Triton runs kernels through its interpreter (TRITON_INTERPRET=1; the
   only way to run them on CPU tensors). The interpreter is slow (milliseconds per program and loop
   step) and its bf16/fp16 arithmetic is wrong, so the `triton` Impl only offers fp32/fp64 there.
+* `refresh_env()`: re-read the environment variables the launchers consult (TRITON_INTERPRET,
+  HARNESS_AOT_NVIDIA). They are read once, when this module is imported, not on every launch (a decode
+  launch is bound by the host's time per call); a program that changes them later calls this.
 * `device_guard(t)`: a context that makes `t`'s device current (cuda / xpu), a no-op on cpu and where
   it already is.
 * `TL_DTYPES` / `tl_dtype`: torch dtype -> triton.language dtype.
@@ -20,22 +23,47 @@ import triton
 import triton.language as tl
 
 
+# The environment as the launchers see it (`refresh_env`): whether Triton interprets its kernels, and
+# whether CUDA / CPU tensors take the NVIDIA-only paths (`nvidia_fast`).
+_INTERPRET = False
+_FAST_CUDA = False
+_FAST_CPU = False
+
+
+def refresh_env() -> None:
+    """Read TRITON_INTERPRET and HARNESS_AOT_NVIDIA again. Both are read once, at import; a program that
+    sets them afterwards (as `python -m harness.impls.triton.aot` sets HARNESS_AOT_NVIDIA) calls this.
+    Triton itself decides whether a kernel is interpreted when its @triton.jit definition runs, so
+    TRITON_INTERPRET belongs in the environment before the kernel modules are imported."""
+    global _INTERPRET, _FAST_CUDA, _FAST_CPU
+    _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    _FAST_CUDA = not _INTERPRET and torch.version.hip is None
+    _FAST_CPU = _FAST_CUDA and os.environ.get("HARNESS_AOT_NVIDIA") == "1"
+
+
+refresh_env()
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRET
 
 
 _NO_GUARD = contextlib.nullcontext()
+_CUDA_DEVICES: list = []  # the process's CUDA device count, read at the first CUDA launch
 
 
 def device_guard(t: torch.Tensor):
     """No switch (a shared no-op context) when `t`'s CUDA device is already the current one: entering
-    torch.cuda.device costs microseconds per launch, and decode launches are bound by the host."""
-    d = t.device
-    kind = d.type
-    if kind == "cuda":
-        return _NO_GUARD if d.index == torch.cuda.current_device() else torch.cuda.device(d)
-    if kind == "xpu" and hasattr(torch, "xpu"):
-        return torch.xpu.device(d)
+    torch.cuda.device costs microseconds per launch, and decode launches are bound by the host. With one
+    visible CUDA device, a CUDA tensor's device is the current one: no query either."""
+    if t.is_cuda:
+        if not _CUDA_DEVICES:
+            _CUDA_DEVICES.append(torch.cuda.device_count())
+        if _CUDA_DEVICES[0] == 1 or t.get_device() == torch.cuda.current_device():
+            return _NO_GUARD
+        return torch.cuda.device(t.device)
+    if t.is_xpu:
+        return torch.xpu.device(t.device)
     return _NO_GUARD
 
 
@@ -77,10 +105,8 @@ def nvidia_fast(t: torch.Tensor) -> bool:
     """Whether kernels working on `t` may use NVIDIA-only PTX (the MUFU approximations below, through inline
     assembly): a CUDA (not ROCm) tensor outside the interpreter. With HARNESS_AOT_NVIDIA=1, CPU tensors count
     too: that is how `python -m harness.impls.triton.aot` compiles those paths for sm_90 on a machine
-    without a GPU."""
-    if interpreting() or torch.version.hip is not None:
-        return False
-    return t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("HARNESS_AOT_NVIDIA") == "1")
+    without a GPU. The environment is the one `refresh_env` last read."""
+    return (_FAST_CUDA and t.is_cuda) or (_FAST_CPU and t.is_cpu)
 
 
 def has_gpu() -> bool:

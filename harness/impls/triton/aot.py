@@ -80,6 +80,9 @@ def main(dtype_names) -> int:
     os.environ["HARNESS_AOT_NVIDIA"] = "1"
     import triton
 
+    from harness.impls.triton._common import refresh_env
+    refresh_env()  # the launchers read the variable at import
+
     import importlib
     import pkgutil
 

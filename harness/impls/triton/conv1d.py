@@ -274,8 +274,9 @@ def _acc(dtype):
 
 
 def _i64d(D, K, *strides):
-    """Per-channel offsets (d * stride + tap * stride) could overflow int32."""
-    return (D + K) * max(1, max(strides), -min(strides)) >= 2 ** 31
+    """Per-channel offsets (d * stride + tap * stride) could overflow int32 (PyTorch strides are never
+    negative)."""
+    return (D + K) * max(1, *strides) >= 2 ** 31
 
 
 @provides("triton", "causal_conv1d_varlen")

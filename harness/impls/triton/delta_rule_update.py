@@ -28,7 +28,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (cdiv, compute_dtype, device_guard, index_type, interpreting, launch_config,
+from harness.impls.triton._common import (compute_dtype, device_guard, index_type, interpreting, launch_config,
                                           next_power_of_2)
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
@@ -130,17 +130,17 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
     BK = next_power_of_2(K)
     BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[bv_key])
-    while BV > 8 and B * Hv * cdiv(V, BV) < CONFIG["min_programs"]:
+    least = CONFIG["min_programs"]
+    while BV > 8 and B * Hv * ((V + BV - 1) // BV) < least:
         BV //= 2
-    NV = cdiv(V, BV)
+    NV = (V + BV - 1) // BV
     hi, lo = _scale_pair(K ** -0.5 if scale is None else float(scale))
     sq, sk, sv, sb, ss, so = q.stride(), k.stride(), v.stride(), beta.stride(), ssm_states.stride(), o.stride()
     sg = g.stride()
     sg = sg if len(sg) == 3 else sg + (0,)
     # the largest offset formed in the per-program index type: within one head's (V, K) state tile and along
-    # the q / k / g / v / o vectors (rows, heads and slots are offset in int64)
-    extent = max((V - 1) * abs(ss[2]) + (K - 1) * abs(ss[3]), (K - 1) * max(abs(sq[2]), abs(sk[2]), abs(sg[2])),
-                 (V - 1) * max(abs(sv[2]), abs(so[2])))
+    # the q / k / g / v / o vectors (rows, heads and slots are offset in int64; strides are never negative)
+    extent = max((V - 1) * ss[2] + (K - 1) * ss[3], (K - 1) * max(sq[2], sk[2], sg[2]), (V - 1) * max(sv[2], so[2]))
     # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
     pool = ssm_states if ssm_states.numel() else v
     with device_guard(v):

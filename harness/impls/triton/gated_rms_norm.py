@@ -43,12 +43,12 @@ def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=
     BG = next_power_of_2(gs)
     acc = tl.float64 if x.dtype == torch.float64 else tl.float32
     zp = z if z is not None else x
-    eps_t = torch.tensor([eps], dtype=torch.float64, device=x.device) if acc == tl.float64 else x
+    eps_t = torch.tensor([eps], dtype=torch.float64, device=x.device) if acc is tl.float64 else x
     warps = 1 if interpreting() else max(1, min(16, BG // 256))
     with device_guard(x):
         _gated_norm_kernel[(T, Dd // gs)](
             x, weight, zp, y, eps_t, gs, float(eps), x.stride(0), x.stride(1), weight.stride(0),
             zp.stride(0), zp.stride(1), y.stride(0), y.stride(1),
             BG=BG, HAS_Z=z is not None, NORM_BEFORE_GATE=bool(norm_before_gate), ACC=acc,
-            EPS_F64=acc == tl.float64, num_warps=warps)
+            EPS_F64=acc is tl.float64, num_warps=warps)
     return y

@@ -264,6 +264,8 @@ def _ssu_mamba1_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr,
 
 
 def _acc(x, state):
+    """The accumulator type: triton.language's float64 or float32 object itself (launchers compare it with
+    `is`; a tl.dtype's == runs Python code on every launch)."""
     return tl.float64 if x.dtype == torch.float64 or state.dtype == torch.float64 else tl.float32
 
 
@@ -279,8 +281,8 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     acc = _acc(x, state)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     common = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
-                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc == tl.float64)
-    lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc == tl.float64 else x
+                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc is tl.float64)
+    lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc is tl.float64 else x
     dp, zp, bp = (D if D is not None else x), (z if z is not None else x), (dt_bias if dt_bias is not None else dt)
     sd = D.stride() if D is not None else _NO_Z
     sz = z.stride() if z is not None else _NO_Z
@@ -311,7 +313,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
                 sd[0], sz[0], sz[1], *y.stride(),
                 BD=BD, BN=BN, ROWS=rows, TILES=tiles, GU=(Dm // G) % BD == 0, DFIRST=dfirst,
                 DENSE=N == BN and state.stride(2) == 1 and state.stride(1) == N,
-                FAST=acc == tl.float32 and nvidia_fast(x),
+                FAST=acc is tl.float32 and nvidia_fast(x),
                 EVEN_B=tiles == 1 and Bsz % rows == 0, EVEN_D=Dm % BD == 0, EVEN_N=N == BN,
                 num_warps=1 if interp else CONFIG["m1_warps"], **common)
     return y

@@ -256,8 +256,8 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
     acc = _acc(x, state)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     common = dict(S=S, HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
-                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc == tl.float64)
-    lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc == tl.float64 else x
+                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc is tl.float64)
+    lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc is tl.float64 else x
     dp, zp, bp = (D if D is not None else x), (z if z is not None else x), (dt_bias if dt_bias is not None else dt)
     sd = D.stride() if D is not None else _NO_STRIDES
     sz = z.stride() if z is not None else _NO_STRIDES
@@ -283,7 +283,7 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
                 Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
                 sd[0], sz[0], sz[1], sdtb, *y.stride(), *state_batch_indices.stride(),
-                BD=BD, BN=next_power_of_2(N), GU=(Dm // G) % BD == 0, FAST=acc == tl.float32 and nvidia_fast(x),
+                BD=BD, BN=next_power_of_2(N), GU=(Dm // G) % BD == 0, FAST=acc is tl.float32 and nvidia_fast(x),
                 num_warps=1 if interp else CONFIG["m1_warps"], **common)
     return y
 
