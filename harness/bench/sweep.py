@@ -258,8 +258,13 @@ def run_cli(args, device: str) -> int:
         fail("--op", f"one or more of {', '.join(SWEEPS)}", "none")
     check_names("--op (ops with a launch-configuration sweep)", ops, list(SWEEPS))
     groups_asked = split_names(args.group)
-    valid_groups = sorted({g.name for op in ops for g in SWEEPS[op]})
-    check_names("--group", groups_asked, valid_groups)
+    # a name is a group of some sweepable op (one list serves runs that split the ops between processes);
+    # at least one of the named groups must belong to the ops swept
+    check_names("--group", groups_asked, sorted({g.name for gs in SWEEPS.values() for g in gs}))
+    if groups_asked and not any(g.name in groups_asked for op in ops for g in SWEEPS[op]):
+        from reference.validate import fail
+        fail("--group", f"a group of {', '.join(ops)}: {sorted({g.name for op in ops for g in SWEEPS[op]})}",
+             ", ".join(groups_asked))
     if args.list:
         for op in ops:
             for g in SWEEPS[op]:
