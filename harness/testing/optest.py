@@ -71,6 +71,19 @@ def interp_small(device: str, impl) -> bool:
     return device.startswith("cpu") and impl.name == "triton"
 
 
+def _outcome(fn) -> tuple:
+    try:
+        return ("returned", fn())
+    except Exception as e:  # noqa: BLE001 - compared, not swallowed
+        return ("raised", type(e), str(e))
+
+
+def validator_paths(sp, pos, opt) -> tuple:
+    """What op spec `sp`'s validator (its fast path first) and its rule-by-rule checks answer for the call
+    (`pos`, `opt`): each ("returned", value) or ("raised", exception type, message). They must agree."""
+    return _outcome(lambda: sp.validate(*pos, **opt)), _outcome(lambda: sp.checks(*pos, **opt))
+
+
 def randn(g, shape, dtype, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
     return (torch.randn(tuple(shape), generator=g, dtype=torch.float32) * scale + shift).to(device, dtype)
 

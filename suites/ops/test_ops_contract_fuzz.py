@@ -20,7 +20,7 @@ import torch
 from hypothesis import assume, given, settings, strategies as st
 
 from harness.testing.checks import assert_bitwise_equal, poison_
-from harness.testing.optest import require
+from harness.testing.optest import require, validator_paths
 from harness.ops import SPECS, no_index_checks
 from harness.testing import strict_op
 
@@ -171,14 +171,6 @@ def test_malformed_inputs_raise_before_anything_is_touched(impl, device, op, dat
         assert_bitwise_equal(f"{op} ({impl.name}): {k} after a rejected call", kw[k], b)
 
 
-def _outcome(fn) -> tuple:
-    """("returned", value) or ("raised", exception type, message)."""
-    try:
-        return ("returned", fn())
-    except Exception as e:  # noqa: BLE001 - compared, not swallowed
-        return ("raised", type(e), str(e))
-
-
 @pytest.mark.parametrize("op", OPS)
 @settings(max_examples=settings.default.max_examples * 8)
 @given(data=st.data())
@@ -197,6 +189,5 @@ def test_fast_path_agrees_with_the_checks(device, op, data):
     takes = inspect.signature(sp.validate).parameters
     opt = {k: v for k, v in opt.items() if k in takes}
     with contextlib.nullcontext() if data.draw(st.booleans(), label="index checks") else no_index_checks():
-        fast = _outcome(lambda: sp.validate(*pos, **opt))
-        slow = _outcome(lambda: sp.checks(*pos, **opt))
+        fast, slow = validator_paths(sp, pos, opt)
     assert fast == slow, f"{op} (defects {defects}): the validator gives {fast}, its checks {slow}"

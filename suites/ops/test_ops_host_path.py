@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness.ops import SPECS, no_index_checks
+from harness.testing.optest import validator_paths
 
 OPS = sorted(SPECS)
 
@@ -140,13 +141,6 @@ def _single_defects(sp, kw):
             yield f"{o}={v!r}", dict(kw, **{o: v})
 
 
-def _outcome(fn) -> tuple:
-    try:
-        return ("returned", fn())
-    except Exception as e:  # noqa: BLE001 - compared, not swallowed
-        return ("raised", type(e), str(e))
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_single_defects_agree(device, op):
     """Every single defect of the contract cases (with and without `out=`, with and without the index checks):
@@ -171,8 +165,7 @@ def test_single_defects_agree(device, op):
             pos, opt = _validate_args(sp, bad)
             for index_checks in (True, False):
                 with contextlib.nullcontext() if index_checks else no_index_checks():
-                    fast = _outcome(lambda: sp.validate(*pos, **opt))
-                    slow = _outcome(lambda: sp.checks(*pos, **opt))
+                    fast, slow = validator_paths(sp, pos, opt)
                 assert fast == slow, f"{op} {shape} ({what}, index checks {index_checks}): the validator " \
                     f"gives {fast}, its checks {slow}"
 

@@ -48,7 +48,7 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2
-from harness.impls.triton.delta_rule_chunk import _locate, _unit_lower_inverse
+from harness.impls.triton.delta_rule_chunk import _chunks_before, _locate, _unit_lower_inverse
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size
 from harness.ops import PAD_SLOT_ID
 
@@ -65,19 +65,6 @@ CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_wa
 @triton.jit
 def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr, CD: tl.constexpr):
     return tl.dot(a.to(DOT), b.to(DOT), input_precision=PREC, out_dtype=CD)
-
-
-@triton.jit
-def _chunks_before(s, qsl_ptr, s_qsl, BT: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Number of chunks of the sequences before sequence s: the chunk slot of s's first chunk."""
-    total = tl.zeros((), dtype=tl.int64)
-    for s0 in range(0, s, BLOCK_S):
-        offs = s0 + tl.arange(0, BLOCK_S)
-        m = offs < s
-        a = tl.load(qsl_ptr + offs.to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
-        b = tl.load(qsl_ptr + (offs + 1).to(tl.int64) * s_qsl, mask=m, other=0).to(tl.int64)
-        total += tl.sum(tl.where(m, (b - a + BT - 1) // BT, 0), 0)
-    return total
 
 
 @triton.jit
