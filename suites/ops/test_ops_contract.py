@@ -151,3 +151,24 @@ def test_kernels_compile_for_sm90(device):
     if r.returncode == 2:
         pytest.skip(f"cannot compile for sm_90 here: {r.stdout.strip().splitlines()[-1:]}")
     assert r.returncode == 0, f"triton kernels failed to compile for sm_90:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+def test_aot_resources_and_op_filter():
+    """`python -m harness.impls.triton.aot --op X --resources` compiles only X's kernels and gives each
+    variant's registers, local memory and shared memory; an unknown op or dtype is a usage error."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "harness.impls.triton.aot", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=600)
+    r = run("float32", "--op", "gated_rms_norm", "--resources")
+    if r.returncode == 2:
+        pytest.skip(f"cannot compile for sm_90 here: {r.stdout.strip().splitlines()[-1:]}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("compiled ")]
+    assert lines and all("gated_rms_norm" in ln or "_norm" in ln for ln in lines), lines
+    assert all("'reg': " in ln and "'stack': " in ln and "'dyn_shared': " in ln for ln in lines), lines
+    for bad in (["--op", "nosuch"], ["float8"]):
+        r = run(*bad)
+        assert r.returncode == 2 and "expected" in r.stderr, r.stderr

@@ -6,11 +6,18 @@ PTX for the MUFU approximations). So CI also drives every op of the `triton` imp
 CPU tensors, intercepts each kernel launch and compiles that variant for sm_90 instead of running it
 (HARNESS_AOT_NVIDIA=1 makes the launchers pick their CUDA paths for CPU tensors):
 
-    python -m harness.impls.triton.aot [bfloat16 float16 float32 float64]
+    python -m harness.impls.triton.aot [bfloat16 float16 float32 float64] [--shapes aot|gpu] [--op NAME]
+                                        [--resources]
 
 Prints one line per compiled kernel variant and "ok N"; exits 2 when Triton here has no CUDA backend
 able to compile (reason printed), 1 on a compile error. Must run without TRITON_INTERPRET. Nothing runs:
 outputs of the intercepted launches stay uninitialised.
+
+`--shapes gpu` drives the ops at their spec's "gpu" shapes (the benchmark sizes: the launch configurations
+the H200 runs) instead of the small "aot" ones; `--op` keeps only those ops; `--resources` adds to each line
+what the sm_90 binary needs per thread and block (registers, local memory -- spills and stack --, static and
+dynamic shared memory), read with the cuobjdump Triton ships: a kernel engineer's first look at occupancy and
+spills without a GPU.
 """
 from __future__ import annotations
 
@@ -20,7 +27,29 @@ import sys
 import torch
 
 
-def _intercept(kernel, seen, target):
+def resources(compiled) -> dict:
+    """Per-thread registers, local memory (spills and stack) and shared memory of a compiled sm_90 kernel,
+    from `cuobjdump --dump-resource-usage` on its cubin (the binary Triton ships), plus Triton's dynamic
+    shared memory and warps."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    out = {"warps": compiled.metadata.num_warps, "dyn_shared": compiled.metadata.shared}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    for key in ("REG", "STACK", "SHARED", "LOCAL"):
+        m = re.search(rf"\b{key}:(\d+)", text)
+        if m:
+            out[key.lower()] = int(m.group(1))
+    return out
+
+
+def _intercept(kernel, seen, target, show_resources: bool = False):
     import triton
     from triton.compiler import ASTSource
     from triton.runtime.jit import mangle_type
@@ -46,27 +75,49 @@ def _intercept(kernel, seen, target):
                     raise TypeError(f"{kernel.__name__}: argument {n} of type {type(a).__name__}")
             key = (kernel.__name__, repr(sig), repr(const), repr(opts))
             if key not in seen:
-                triton.compile(ASTSource(kernel, sig, const), target=target, options=opts)
+                compiled = triton.compile(ASTSource(kernel, sig, const), target=target, options=opts)
                 seen[key] = True
-                print("compiled", kernel.__name__, {k: str(v) for k, v in const.items()}, opts, flush=True)
+                extra = f" {resources(compiled)}" if show_resources else ""
+                print("compiled", kernel.__name__, {k: str(v) for k, v in const.items()}, opts, extra, flush=True)
         return launch
 
     kernel.__class__ = type("AOT" + type(kernel).__name__, (type(kernel),), {"__getitem__": getitem})
 
 
-def _drive_ops(dtype, ops):
-    """Every op of the contract at each of its spec's "aot" shapes (with and without optional inputs, the
-    pool dtypes the engine uses; small shapes, the GPU launch configs)."""
+def _drive_ops(dtype, ops, shapes: str = "aot", only=None):
+    """Every op of the contract (or those in `only`) at each of its spec's `shapes` shapes ("aot": small
+    shapes with and without optional inputs, the pool dtypes the engine uses, the GPU launch configs;
+    "gpu": the benchmark sizes)."""
     from harness.ops import SPECS
     gen = torch.Generator().manual_seed(0)
     for name, sp in SPECS.items():
-        if name not in ops:
+        if name not in ops or (only and name not in only):
             continue
-        for shape in sp.shapes.get("aot", ()):
+        for shape in sp.shapes.get(shapes, ()):
             sp.call(ops[name], sp.inputs(shape, dtype, "cpu", gen))
 
 
-def main(dtype_names) -> int:
+def main(argv) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m harness.impls.triton.aot",
+                                description="compile every Triton kernel variant the ops launch, for sm_90")
+    p.add_argument("dtypes", nargs="*", default=["bfloat16"], help="activation dtypes (default bfloat16)")
+    p.add_argument("--shapes", choices=("aot", "gpu"), default="aot", help="the spec shapes to drive the ops at")
+    p.add_argument("--op", action="append", default=None, help="only these ops (comma-separated, repeatable)")
+    p.add_argument("--resources", action="store_true", help="registers, local and shared memory per variant")
+    args = p.parse_args(argv)
+    from harness.ops import SPECS
+    only = [o for v in args.op or () for o in v.split(",") if o]
+    for name in only:
+        if name not in SPECS:
+            p.error(f"--op: expected op names of harness.ops {sorted(SPECS)}, got {name!r}")
+    for dn in args.dtypes:
+        if not isinstance(getattr(torch, dn, None), torch.dtype):
+            p.error(f"dtypes: expected torch dtype names (bfloat16, float16, float32, float64), got {dn!r}")
+    return _compile_all(args.dtypes, args.shapes, only or None, args.resources)
+
+
+def _compile_all(dtype_names, shapes: str, only, show_resources: bool) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1 is set: kernels are interpreted, nothing to compile")
         return 2
@@ -94,11 +145,11 @@ def main(dtype_names) -> int:
         mod = importlib.import_module(f"harness.impls.triton.{m.name}")
         for name, obj in vars(mod).items():
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
-                _intercept(obj, seen, target)
+                _intercept(obj, seen, target, show_resources)
     for dn in dtype_names:
         dtype = getattr(torch, dn)
         try:
-            _drive_ops(dtype, ops)
+            _drive_ops(dtype, ops, shapes, only)
         except Exception as e:  # noqa: BLE001 - report the first compile error
             print(f"compile error ({dn}): {type(e).__name__}: {e}")
             return 1
@@ -107,4 +158,4 @@ def main(dtype_names) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["bfloat16"]))
+    sys.exit(main(sys.argv[1:]))
