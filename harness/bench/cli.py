@@ -11,7 +11,8 @@
 
 Every timing goes through harness.bench.timing: triton.testing.do_bench (eager) and do_bench_cudagraph
 (CUDA graph) on GPUs, a time budget per case on the CPU; on CUDA each op case gives an eager and a
-CUDA-graph record, each carrying both p50s and the host overhead (eager - graph).
+CUDA-graph record, each carrying both p50s and the host overhead (eager - graph). `--kernels` adds to each
+eager record the cost of each launch of the call (`kernels`, through torch.profiler, outside the timing).
 
 `--op` / `--impl` take comma-separated lists (and repeat); a name that does not exist is a usage error.
 Exit codes: 0 every case timed, 1 some case raised (recorded with its error), 2 bad value or a device
@@ -47,6 +48,10 @@ def _add_op_args(p, *, op_help: str = "op(s) to time (comma-separated, repeatabl
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="also time CUDA-graph replays (default: on CUDA devices); --no-cuda-graph: eager only")
     p.add_argument("--max-tokens", type=int, default=None, help="skip shapes with more tokens than this")
+    p.add_argument("--kernels", action="store_true",
+                   help="after timing a case, profile 10 more calls (torch.profiler, not part of the timing): the "
+                        "eager record gets `kernels`, each launch's time and count per call (CUDA: device time of "
+                        "each kernel; CPU: operators by self CPU time), and the table its top 3")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="JSONL file to append to (default reports/runs/<run id>/bench.jsonl)")
     p.add_argument("--seed", type=int, default=0)
@@ -189,7 +194,7 @@ def _run_ops(args, device: str, *, peers: bool = False) -> int:
     out = args.out or os.path.join(REPO_ROOT, "reports", "runs", run_id, "bench.jsonl")
     records = run_benchmarks(device, out, impls=impls, ops=ops, dtypes=dtypes, budget=budget, cuda_graph=cuda_graph,
                              progress=not args.no_progress, seed=args.seed, max_tokens=args.max_tokens, run_id=run_id,
-                             env_extra={"kind": "peers"} if peers else None, done=done)
+                             env_extra={"kind": "peers"} if peers else None, done=done, kernels=args.kernels)
     print(format_table(records))
     print(f"harness bench{' peers' if peers else ''}: {len(records)} records, in {out}")
     return 1 if any(r.get("error") for r in records) else 0

@@ -7,7 +7,11 @@ checks on (that call also validates the inputs), then times it with `harness.ben
 inside `harness.ops.no_index_checks()` (host-side checks would synchronise, and peers don't do them).
 On CUDA every case is timed eager and as CUDA-graph replays: two records (cuda_graph false / true), each
 carrying both p50s and the host overhead; a call that cannot be captured has only the eager record,
-with `graph_error`. A case that raises is recorded with its error (and no numbers) so the gate reports
+with `graph_error`. With `kernels` (`harness bench --kernels`), each timed case is then called a few times
+more under torch.profiler (`harness.bench.timing.profile_launches`, outside the timing) and its eager
+record gets `kernels`, the cost of each launch per call, largest first, and `kernels_source` ("cuda":
+device activity; "cpu": operators by self CPU time); a profile that fails leaves the timing and records
+`kernels_error`. A case that raises is recorded with its error (and no numbers) so the gate reports
 it; the run goes on.
 """
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from harness.bench import metrics as _metrics  # noqa: F401 - registers the built-in metrics
 from harness.bench.bytes import op_bytes
 from harness.bench.registry import METRICS, OP_INPUTS, Benchmark, benchmarks_for
-from harness.bench.timing import Budget, measure, rotation_count, synchronize
+from harness.bench.timing import KERNEL_CALLS, Budget, measure, profile_launches, rotation_count, synchronize
 
 
 @dataclass
@@ -170,14 +174,25 @@ def case_inputs(case: Case, seed: int = 0, rotate: int | None = None) -> tuple[l
     return sets, [case.bench.fn(s) for s in sets]
 
 
-def measure_case(case: Case, budget: Budget, *, seed: int = 0, rotate: int | None = None):
-    """Time one case (eager, and CUDA graph when `case.cuda_graph`); returns (Timing, number of input sets)."""
+def measure_case(case: Case, budget: Budget, *, seed: int = 0, rotate: int | None = None, kernels: int = 0):
+    """Time one case (eager, and CUDA graph when `case.cuda_graph`); returns (Timing, number of input sets).
+    `kernels` > 0: then profile that many further calls (`profile_launches`) into the Timing's `kernels`
+    (or `kernels_error` when the profile fails: the timing stands)."""
     from harness.ops import no_index_checks
     sets, fns = case_inputs(case, seed, rotate)
     fns[0]()  # checked call: validates the inputs, compiles, fails loudly
     synchronize(case.device)
     with no_index_checks():
         t = measure(fns, case.device, budget, graph=case.cuda_graph)
+        if kernels:
+            try:
+                t.kernels_source, t.kernels = profile_launches(fns, case.device, calls=kernels)
+            except Exception as e:  # noqa: BLE001 - a failed profile leaves the timing as measured
+                t.kernels_error = f"{type(e).__name__}: {str(e)[:300]}"
+                try:
+                    synchronize(case.device)
+                except Exception:  # noqa: BLE001 - the profile's error is the one reported
+                    pass
     return t, len(sets)
 
 
@@ -189,12 +204,18 @@ def _apply_metrics(case: Case, fields: dict, ctx: dict) -> None:
 def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, dtypes=None,
                    budget: Budget | None = None, cuda_graph: bool | None = None, progress: bool = True, seed: int = 0,
                    include_interpreted: bool = False, max_tokens: int | None = None, run_id: str | None = None,
-                   log=print, env_extra: dict | None = None, done: set | None = None) -> list[dict]:
+                   log=print, env_extra: dict | None = None, done: set | None = None,
+                   kernels: bool | int = False) -> list[dict]:
     """Run every case; append records to `out_path` (env first); return the timing records.
-    `cuda_graph`: also time CUDA-graph replays (default: on CUDA devices)."""
+    `cuda_graph`: also time CUDA-graph replays (default: on CUDA devices). `kernels`: profile each timed
+    case's launches into its eager record (True: `KERNEL_CALLS` calls; an int: that many)."""
     from harness.env import environment
     from harness.records import RecordWriter
     budget = budget or Budget()
+    if kernels is not True and kernels is not False and not (isinstance(kernels, int) and kernels >= 0):
+        from reference.validate import fail
+        fail("kernels", "a bool or an int >= 0", kernels)
+    kernel_calls = KERNEL_CALLS if kernels is True else int(kernels)
     if cuda_graph is None:
         cuda_graph = device.startswith("cuda")
     cases, skipped = build_cases(device, impls=impls, ops=ops, dtypes=dtypes, cuda_graph=cuda_graph,
@@ -214,6 +235,7 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
         writer.write("env", env=env, bench=dict(min_reps=budget.min_reps, min_time=budget.min_time,
                                                  max_time=budget.max_time, warmup=budget.warmup,
                                                  cuda_graph=cuda_graph, seed=seed, cases=len(cases),
+                                                 kernel_calls=kernel_calls,
                                                  **(env_extra or {})))
     ctx: dict = {}
     records = []
@@ -227,7 +249,7 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
                         level=OP_INPUTS[case.op].level)
             rows = []
             try:
-                t, n_sets = measure_case(case, budget, seed=seed)
+                t, n_sets = measure_case(case, budget, seed=seed, kernels=kernel_calls)
             except Exception as e:  # noqa: BLE001 - a broken backend is reported, the run goes on
                 fields = dict(base, ms_p20=None, ms_p50=None, ms_p80=None, tok_s=None, bytes=case.bytes, gb_s=None,
                               pct_copy_bw=None, error=f"{type(e).__name__}: {str(e)[:500]}")
@@ -243,6 +265,8 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
                     rows.append(fields)
                 if t.graph_error:
                     log(f"harness bench: {case.id}: no CUDA-graph timing ({t.graph_error[:200]})")
+                if t.kernels_error:
+                    log(f"harness bench: {case.id}: no launch profile ({t.kernels_error[:200]})")
             for fields in rows:
                 if writer:
                     writer.write("timing", **fields)
@@ -257,14 +281,47 @@ def run_benchmarks(device: str, out_path: str | None, *, impls=None, ops=None, d
     return records
 
 
-def format_table(records: list[dict]) -> str:
-    """A terminal table, one row per case, peers side by side (sorted by op, dtype, shape, then
-    implementation): eager p50 with its p20-p80, the CUDA-graph p50 and the host overhead where timed."""
-    def f(v, spec):
-        return "-" if v is None else format(v, spec)
+def _table_order(records: list[dict]) -> list[dict]:
+    """The eager records, sorted by op (the copy roofline first), dtype, shape, then implementation."""
     rows = [r for r in records if not r.get("cuda_graph")]
     rows.sort(key=lambda r: (r["op"] != "copy", r["op"], r["dtype"], r.get("tokens") or 0, str(r["shape"]),
                              r["peer"], r["impl"]))
+    return rows
+
+
+def format_kernels(records: list[dict], top: int = 3) -> str:
+    """A second table, for the records that carry a launch profile (`--kernels`): per case, its `top`
+    launches by time per call with their launches per call (or why the profile is missing); "" when no
+    record has one."""
+    rows = [r for r in _table_order(records) if r.get("kernels") or r.get("kernels_error")]
+    if not rows:
+        return ""
+    sources = sorted({r["kernels_source"] for r in rows if r.get("kernels_source")})
+    what = {"cpu": "cpu: operators by self CPU time", "cuda": "cuda: device time of kernels, copies, memsets",
+            "xpu": "xpu: device time of kernels, copies, memsets"}
+    lines = [f"launches, top {top} of each case ({'; '.join(what.get(s, s) for s in sources) or '-'}); "
+             f"us and launches per call:"]
+    for r in rows:
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        ks = r.get("kernels") or []
+        total = sum(k["us"] for k in ks)
+        head = f"{r['op']} {r['impl'] + ('*' if r['peer'] else '')} {r['dtype']} {shape}"
+        if r.get("kernels_error"):
+            lines.append(f"{head}: no profile: {r['kernels_error'][:120]}")
+            continue
+        lines.append(f"{head}: {total:.4g} us per call over {len(ks)} name(s)")
+        for k in ks[:top]:
+            lines.append(f"  {k['us']:10.4g} us {format(k['calls'], 'g'):>5s}x  {k['name']}")
+    return "\n".join(lines)
+
+
+def format_table(records: list[dict]) -> str:
+    """A terminal table, one row per case, peers side by side (sorted by op, dtype, shape, then
+    implementation): eager p50 with its p20-p80, the CUDA-graph p50 and the host overhead where timed;
+    then, where records carry a launch profile, `format_kernels`."""
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+    rows = _table_order(records)
     head = f"{'op':24s} {'impl':20s} {'dtype':9s} {'shape':40s} {'ms p50':>9s} {'[p20-p80]':>19s} " \
            f"{'graph':>9s} {'host':>8s} {'tok/s':>10s} {'GB/s':>8s} {'%copy':>6s}"
     lines = [head, "-" * len(head)]
@@ -278,4 +335,5 @@ def format_table(records: list[dict]) -> str:
                      f"{f(r.get('host_ms'), '.3g'):>8s} {f(r.get('tok_s'), '.4g'):>10s} "
                      f"{f(r.get('gb_s'), '.4g'):>8s} {f(r.get('pct_copy_bw'), '.3g'):>6s}{err}")
     lines.append("(* = peer implementation; graph = CUDA-graph replay p50, host = eager - graph, ms)")
-    return "\n".join(lines)
+    kernels = format_kernels(records)
+    return "\n".join(lines) + (f"\n\n{kernels}" if kernels else "")

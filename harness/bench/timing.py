@@ -16,6 +16,12 @@ throughput and the loader benchmark all time through `measure` (or `wall_samples
   `Budget.min_time` seconds are reached (or `Budget.max_time` is spent): a time budget per case, so that
   fast calls get hundreds of samples and two runs of one commit agree.
 
+* Launches (`profile_launches`, `harness bench --kernels`): after a case is timed, a few further calls
+  under `torch.profiler` say what each launch of the call costs: on CUDA the device activity (kernels,
+  copies, memsets) grouped by name, on the CPU (no kernels) the operators by self CPU time. These calls
+  are not part of the timing and run back to back (no L2 flush between them), so for inputs that fit in
+  the L2 cache the per-launch figures can be below the eager p50's share.
+
 Why triton.testing rather than our own event loop on GPUs: it is what the peers' and Triton's own
 benchmarks use, it handles the cache flush and warm-up by time, and its figures are comparable with the
 numbers the peers publish.
@@ -126,11 +132,15 @@ class Budget:
 
 @dataclass
 class Timing:
-    """One case's figures: eager always; CUDA graph where it was asked for and the call could be captured."""
+    """One case's figures: eager always; CUDA graph where it was asked for and the call could be captured;
+    the launches of an eager call (`profile_launches`) where they were asked for, or why they are missing."""
     eager: Stats
     graph: Stats | None = None
     graph_error: str | None = None
     timer: str = "perf_counter"
+    kernels: list | None = None
+    kernels_source: str | None = None
+    kernels_error: str | None = None
 
     def fields(self, graph: bool = False) -> dict:
         """The timing record's fields with the eager (graph=False) or CUDA-graph figures as the primary
@@ -145,6 +155,10 @@ class Timing:
             out.update(graph_ms_p50=self.graph.ms_p50, host_ms=self.eager.ms_p50 - self.graph.ms_p50)
         if self.graph_error:
             out["graph_error"] = self.graph_error
+        if not graph:  # the profiled calls are eager ones
+            for k in ("kernels", "kernels_source", "kernels_error"):
+                if getattr(self, k) is not None:
+                    out[k] = getattr(self, k)
         return out
 
 
@@ -212,6 +226,70 @@ def measure(fns: Sequence[Callable[[], object]] | Callable[[], object], device: 
             except Exception:  # noqa: BLE001 - the failed capture's error is the one reported
                 pass
     return t
+
+
+KERNEL_CALLS = 10        # profiled calls per case
+KERNELS_KEPT = 20        # entries kept per case, largest first
+KERNEL_NAME_CHARS = 80   # a kernel name longer than this is cut (C++ template names run to hundreds)
+_PROFILER_ACTIVITY = {"cpu": (), "cuda": ("CUDA",), "xpu": ("XPU",)}
+
+
+def _short_name(name: str) -> str:
+    return name if len(name) <= KERNEL_NAME_CHARS else name[:KERNEL_NAME_CHARS - 3] + "..."
+
+
+def profile_launches(fns: Sequence[Callable[[], object]] | Callable[[], object], device: str,
+                     calls: int = KERNEL_CALLS, warmup: int = 1) -> tuple[str, list[dict]]:
+    """What one call costs, launch by launch: `warmup` untimed calls, then `calls` calls (cycling through
+    `fns`) under torch.profiler. Returns (source, entries), each entry {"name", "us": time per call in
+    microseconds, "calls": launches per call}, largest first, at most `KERNELS_KEPT`:
+    on CUDA (XPU) source "cuda" ("xpu"), the device activity (kernels, memcpy, memset) grouped by name;
+    on the CPU, where nothing is launched, source "cpu", the operators grouped by name with their self
+    CPU time. RuntimeError when the profiler recorded nothing (a profiler that cannot see the device)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from reference.validate import fail
+    fns = [fns] if callable(fns) else list(fns)
+    if not fns:
+        fail("fns", "at least one callable", "none")
+    if not (isinstance(calls, int) and calls >= 1):
+        fail("calls", "an int >= 1", calls)
+    if not (isinstance(warmup, int) and warmup >= 0):
+        fail("warmup", "an int >= 0", warmup)
+    kind = device_kind(device)
+    if kind not in _PROFILER_ACTIVITY:
+        fail("device", f"a device of kind {'/'.join(_PROFILER_ACTIVITY)}", device)
+    activities = [ProfilerActivity.CPU] + [getattr(ProfilerActivity, a) for a in _PROFILER_ACTIVITY[kind]]
+    for i in range(warmup):
+        fns[i % len(fns)]()
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for i in range(calls):
+            fns[i % len(fns)]()
+        synchronize(device)
+    per: dict[str, list] = {}
+    for e in prof.events():
+        if e.is_user_annotation or "annotation" in str(e.activity_type or ""):
+            continue
+        if kind == "cpu":
+            if e.device_type != DeviceType.CPU or e.is_async or e.is_python_function:
+                continue
+            us = e.self_cpu_time_total
+        else:
+            if e.device_type == DeviceType.CPU:
+                continue
+            us = e.time_range.elapsed_us()
+        acc = per.setdefault(e.name, [0.0, 0])
+        acc[0] += us
+        acc[1] += 1
+    entries = [dict(name=_short_name(name), us=round(us / calls, 3), calls=round(n / calls, 3))
+               for name, (us, n) in per.items() if us > 0]
+    entries.sort(key=lambda d: -d["us"])
+    if not entries:
+        what = "operator" if kind == "cpu" else "device activity"
+        raise RuntimeError(f"torch.profiler recorded no {what} over {calls} call(s) on {device}")
+    return kind, entries[:KERNELS_KEPT]
 
 
 def wall_samples(fn: Callable[[], object], device: str, reps: int = 1) -> list[float]:

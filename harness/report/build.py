@@ -5,8 +5,9 @@ there were none), the (implementation x op x dtype) cases that fail with their w
 against the baseline counted by kind, and how fast each implementation is against the best peer and the
 copy-bandwidth roofline. Below it: the correctness matrix, the regressions grouped by kind -> op ->
 implementation (collapsed `<details>`, counts first), failing cases with reproduce commands, performance
-tables and charts (tok/s against length, one fixed colour per implementation, p20-p80 spread bars), a
-trend over many runs, skipped tests with their reasons, and the environment.
+tables and charts (tok/s against length, one fixed colour per implementation, p20-p80 spread bars), the
+launches of each case where the records carry them (`harness bench --kernels`, collapsed), a trend over
+many runs, skipped tests with their reasons, and the environment.
 
 The first run is the baseline, the last one the candidate; runs are named by short aliases in table
 headers ("baseline", "candidate"; #1..#N for a history), with their full labels in the runs legend.
@@ -336,10 +337,56 @@ def _impl_name(t: dict) -> str:
     return (t.get("impl") or "-") + (" [graph]" if t.get("cuda_graph") else "")
 
 
+KERNEL_SOURCES = {"cuda": "CUDA: device time of each kernel, copy and memset",
+                  "xpu": "XPU: device time of each kernel, copy and memset",
+                  "cpu": "CPU: operators by self CPU time"}
+
+
+def launches(case: str, recs: list[tuple[str, dict | None]]) -> dict | None:
+    """One case's launch profiles (`kernels` of `harness bench --kernels`), given (run alias, eager timing
+    record or None) per run shown: None when no record has one; else a summary line and a table, one row
+    per launch name (largest first, in the last run that has the name), the time and the launches per call
+    of each run."""
+    have = [(a, r) for a, r in recs if r is not None and (r.get("kernels") or r.get("kernels_error"))]
+    if not have:
+        return None
+    names: list = []
+    for _, r in reversed(have):
+        for k in r.get("kernels") or []:
+            if k.get("name") not in names:
+                names.append(k.get("name"))
+    one = len(have) == 1
+    cols = ["name"]
+    for a, _ in have:
+        cols += ["µs per call", "calls per call"] if one else [f"µs {a}", f"calls {a}"]
+    rows = []
+    for name in names:
+        row = [cell(name, "key")]
+        for _, r in have:
+            k = next((k for k in r.get("kernels") or [] if k.get("name") == name), None)
+            row += [cell(fmt(k.get("us"))), cell(fmt(k.get("calls")))] if k else \
+                [cell("—", "muted", "not among this run's launches")] * 2
+        rows.append(row)
+    texts = []
+    for a, r in have:
+        ks = r.get("kernels") or []
+        if r.get("kernels_error"):
+            text = f"no profile ({r['kernels_error']})"
+        else:
+            total = sum(num(k.get("us")) or 0.0 for k in ks)
+            text = f"{fmt(total)} µs per call over {len(ks)} name(s), largest {ks[0].get('name')} " \
+                   f"({fmt(ks[0].get('us'))} µs)"
+        texts.append(text if one else f"{a}: {text}")
+    return {"case": case, "text": "; ".join(texts), "error": any(r.get("kernels_error") for _, r in have),
+            "sources": sorted({str(r["kernels_source"]) for _, r in have if r.get("kernels_source")}),
+            "table": {"columns": cols, "rows": rows}}
+
+
 def perf_tables(runs: list[Run]) -> list[dict]:
     """Per op: one row per case of the candidate (and the baseline's cases it lacks), columns for the
     candidate's figures, the baseline's tok/s and the speedup when there is a baseline, x best peer when
-    the candidate timed peers at that case."""
+    the candidate timed peers at that case; and the cases' launch profiles (`launches`) where the records
+    carry them."""
     names = aliases(runs)
     last, base = runs[-1], (runs[0] if len(runs) > 1 else None)
     lt = {timing_key(t): t for t in last.timings}
@@ -360,11 +407,16 @@ def perf_tables(runs: list[Run]) -> list[dict]:
         cols += ["ms p50 [p20–p80]", "GB/s", "% copy BW"]
         if has_peer_col:
             cols += ["× best peer"]
-        rows = []
+        rows, profiled = [], []
         for k in keys:
             t, b = lt.get(k), bt.get(k)
             a = t or b
             peer = bool(a.get("peer"))
+            lp = launches(f"{_impl_name(a)}{' (peer)' if peer else ''} · {a.get('dtype') or '-'} · "
+                          f"{_shape_text(a.get('shape'))}",
+                          ([(names[0], b)] if base else []) + [(names[-1], t)])
+            if lp is not None:
+                profiled.append(lp)
             row = [cell(_impl_name(a) + (" (peer)" if peer else ""), "muted" if peer else "strong",
                         "a third-party kernel" if peer else ""),
                    cell(a.get("dtype") or "-"), cell(_shape_text(a.get("shape")), "shape")]
@@ -397,7 +449,9 @@ def perf_tables(runs: list[Run]) -> list[dict]:
                 else:
                     row.append(cell("—", "muted"))
             rows.append(row)
-        out.append({"op": op, "table": {"columns": cols, "rows": rows}})
+        sources = sorted({s for lp in profiled for s in lp["sources"]})
+        out.append({"op": op, "table": {"columns": cols, "rows": rows}, "launches": profiled,
+                    "launch_sources": "; ".join(KERNEL_SOURCES.get(s, s) for s in sources)})
     return out
 
 

@@ -138,8 +138,10 @@ _FIELDS = {
                    "tolerance": "dict", "reason": "str", "reproduce": "str"},
     "timing": {**_CASE, "bench": "str", "tok_s": "num", "gb_s": "num", "ms_p20": "num", "ms_p50": "num",
                "ms_p80": "num", "tokens": "num", "bytes": "num", "pct_copy_bw": "num", "error": "str",
-               "peer": "bool", "cuda_graph": "bool"},
+               "peer": "bool", "cuda_graph": "bool", "kernels_source": "str", "kernels_error": "str"},
 }
+_KERNELS = "a list of objects {name, us, calls} or null"
+_KERNEL_FIELDS = {"name": "str", "us": "num", "calls": "num"}
 _ENV_FIELDS = {"device": "str", "device_name": "str", "git_sha": "str"}
 _VERDICTS = ("pass", "fail")
 
@@ -169,6 +171,14 @@ def check_record(where: str, rec: dict) -> None:
             raise _bad(where, "verdict", "'pass' or 'fail'", rec.get("verdict"))
         tol = rec.get("tolerance") or {}
         _check_fields(where, tol, {k: "num" for k in tol}, "tolerance.")
+    elif kind == "timing" and rec.get("kernels") is not None:  # `harness bench --kernels`
+        ks = rec["kernels"]
+        if not isinstance(ks, list):
+            raise _bad(where, "kernels", _KERNELS, ks)
+        for i, k in enumerate(ks):
+            if not isinstance(k, dict):
+                raise _bad(where, f"kernels[{i}]", "an object {name, us, calls}", k)
+            _check_fields(where, k, _KERNEL_FIELDS, f"kernels[{i}].")
 
 
 def _env_payload(rec: dict) -> dict:

@@ -4,6 +4,7 @@ the timing module's budget and record fields; eager and CUDA-graph timings are s
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -351,3 +352,141 @@ def test_gpu_timer_tops_up_samples_and_keeps_eager_on_capture_failure(monkeypatc
     t = measure([lambda: None], "cuda:0", Budget(min_reps=2), graph=True)
     assert t.graph is None and "stream is capturing" in t.graph_error
     assert t.fields()["graph_error"] == t.graph_error and t.fields()["ms_p50"] == 50.0
+
+
+# ------------------------------------------------------------------------------------------ launches
+
+def test_bench_kernels_records_each_launch(tmp_path, capsys):
+    """`--kernels` gives every eager record `kernels`: per name its time and count per call, largest first
+    (on the CPU: operators by self CPU time, `kernels_source` "cpu"); the table prints each case's top 3, the
+    gate reads the file and the report lists them; without `--kernels` the fields are absent."""
+    out, plain = tmp_path / "kernels.jsonl", tmp_path / "plain.jsonl"
+    argv = ["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK]
+    capsys.readouterr()
+    assert main([*argv, "--kernels", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    t = timings(out)
+    assert [r["op"] for r in t] == ["copy", "gated_rms_norm", "gated_rms_norm"]
+    for r in t:
+        ks = r["kernels"]
+        assert r["kernels_source"] == "cpu" and "kernels_error" not in r and r["ms_p50"] > 0
+        assert ks and all(k["us"] > 0 and k["calls"] > 0 and 0 < len(k["name"]) <= 80 for k in ks)
+        assert [k["us"] for k in ks] == sorted((k["us"] for k in ks), reverse=True)
+        assert len({k["name"] for k in ks}) == len(ks)
+    norm = t[1]["kernels"]
+    assert any(k["name"].startswith("aten::") for k in norm) and len(norm) >= 3
+    table = printed.split("launches, top 3 of each case")[1]
+    assert "operators by self CPU time" in table.splitlines()[0]
+    for r in t:
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        head = next(i for i, ln in enumerate(table.splitlines()) if ln.startswith(f"{r['op']} torch") and shape in ln)
+        listed = table.splitlines()[head + 1:head + 1 + min(3, len(r["kernels"]))]
+        assert [ln.split("x  ", 1)[1] for ln in listed] == [k["name"] for k in r["kernels"][:3]]
+    gates_clean(out, capsys)
+    html = tmp_path / "r.html"
+    assert main(["report", str(out), "-o", str(html)]) == 0
+    page = html.read_text(encoding="utf-8")
+    assert page.count('<details class="launch">') == 3 and norm[0]["name"] in page
+    assert main([*argv, "--out", str(plain)]) == 0
+    assert "launches, top" not in capsys.readouterr().out
+    assert not [r for r in timings(plain) if {"kernels", "kernels_source", "kernels_error"} & set(r)]
+
+
+def test_failed_profile_keeps_the_timing(monkeypatch, tmp_path, capsys):
+    """A case whose profile raises keeps its timing and records `kernels_error` (the run exits 0); the table
+    says why there is no list."""
+    from harness.bench import runner
+
+    def broken(fns, device, calls=10):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+    monkeypatch.setattr(runner, "profile_launches", broken)
+    out = tmp_path / "k.jsonl"
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK, "--kernels",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for r in timings(out):
+        assert r["ms_p50"] > 0 and "kernels" not in r and "CUPTI_ERROR_NOT_INITIALIZED" in r["kernels_error"]
+    assert printed.count("no profile: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED") == 3
+    gates_clean(out, capsys)
+
+
+def test_profile_launches_on_the_cpu_and_bad_arguments():
+    """On the CPU the entries are the operators the calls ran, per call (count and self time); bad arguments
+    raise ValueError naming them."""
+    import torch
+
+    from harness.bench.timing import profile_launches
+    x = torch.randn(32, 32)
+    source, ks = profile_launches([lambda: torch.sigmoid(x) * x * x], "cpu", calls=4)
+    by = {k["name"]: k for k in ks}
+    assert source == "cpu" and by["aten::mul"]["calls"] == 2 and by["aten::sigmoid"]["calls"] == 1
+    assert all(k["us"] > 0 for k in ks)
+    for kw, named in ((dict(calls=0), "calls"), (dict(warmup=-1), "warmup"), (dict(device="mps"), "device")):
+        with pytest.raises(ValueError, match=named):
+            profile_launches(lambda: None, **{"device": "cpu", **kw})
+
+
+def test_profile_launches_on_cuda_groups_device_activity(monkeypatch):
+    """On CUDA the entries are the device's activity (kernels, copies, memsets) grouped by name: time is the
+    device time per call, calls the launches per call; host-side events and annotations are left out, long
+    names cut to 80 characters, the largest first. (torch.profiler stood in for: this machine may have no GPU.)"""
+    import torch.profiler
+    from torch.autograd import DeviceType
+
+    from harness.bench import timing
+
+    class Range:
+        def __init__(self, us):
+            self.us = us
+
+        def elapsed_us(self):
+            return self.us
+
+    def ev(name, us, device=DeviceType.CUDA, activity="kernel", annotation=False):
+        return SimpleNamespace(name=name, device_type=device, activity_type=activity, is_user_annotation=annotation,
+                               is_async=False, is_python_function=False, self_cpu_time_total=us,
+                               time_range=Range(us))
+    long_name = "void chunk_fwd_kernel_h<" + "float, " * 30 + ">(...)"
+    events = []
+    for _ in range(4):  # four profiled calls
+        events += [ev("aten::mm", 900.0, device=DeviceType.CPU, activity="cpu_op"),
+                   ev("cudaLaunchKernel", 5.0, device=DeviceType.CPU, activity="cuda_runtime"),
+                   ev("prep_kernel", 191.0), ev(long_name, 100.0), ev(long_name, 185.0),
+                   ev("Memset (Device)", 2.0, activity="gpu_memset"),
+                   ev("gated_delta_rule", 480.0, activity="gpu_user_annotation", annotation=True)]
+    seen = {}
+
+    class Profile:
+        def __init__(self, activities):
+            seen["activities"] = activities
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(timing, "synchronize", lambda device: None)
+    calls = []
+    source, ks = timing.profile_launches(lambda: calls.append(1), "cuda:0", calls=4, warmup=2)
+    assert source == "cuda" and len(calls) == 6
+    assert torch.profiler.ProfilerActivity.CUDA in seen["activities"]
+    assert ks == [{"name": long_name[:77] + "...", "us": 285.0, "calls": 2.0},
+                  {"name": "prep_kernel", "us": 191.0, "calls": 1.0},
+                  {"name": "Memset (Device)", "us": 2.0, "calls": 1.0}]
+    events.clear()
+    with pytest.raises(RuntimeError, match="no device activity"):
+        timing.profile_launches(lambda: None, "cuda:0")
+
+
+def test_timing_fields_put_launches_on_the_eager_record_only():
+    """The launch profile goes into the eager record; the CUDA-graph record of the same case does not carry it."""
+    t = Timing(eager=Stats(1.0, 1.2, 1.5, 30), graph=Stats(0.7, 0.8, 0.9, 20), timer="do_bench",
+               kernels=[{"name": "k", "us": 800.0, "calls": 1.0}], kernels_source="cuda")
+    assert t.fields(False)["kernels"] == t.kernels and t.fields(False)["kernels_source"] == "cuda"
+    assert not {"kernels", "kernels_source", "kernels_error"} & set(t.fields(True))
+    t = Timing(eager=Stats(1.0, 1.2, 1.5, 30), kernels_error="RuntimeError: no profiler")
+    assert t.fields()["kernels_error"] == "RuntimeError: no profiler" and "kernels" not in t.fields()

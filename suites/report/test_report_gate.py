@@ -268,6 +268,8 @@ def _first(kind, field, value):
     ("timing", "error", 5, "a string or null"),
     ("timing", "tok_s", [1.0], "a number (or 'nan'/'inf'/'-inf') or null"),
     ("timing", "peer", "yes", "true, false or null"),
+    ("timing", "kernels", "fast", "a list of objects {name, us, calls} or null"),
+    ("timing", "kernels_error", {"why": "x"}, "a string or null"),
     ("env", "env", ["cuda", "H200"], "an object or null"),
 ])
 def test_malformed_field_is_exit_2_naming_file_line_field(runs, tmp_path, capsys, kind, field, value, expected):
@@ -284,6 +286,24 @@ def test_malformed_field_is_exit_2_naming_file_line_field(runs, tmp_path, capsys
     out = tmp_path / "r.html"
     assert main(["report", base, bad, "-o", str(out)]) == 2 and not out.exists()
     assert want in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value,field,expected", [
+    ([{"name": "k", "us": 1.0, "calls": 1}, {"name": "m", "us": "slow", "calls": 1}], "kernels[1].us",
+     "a number (or 'nan'/'inf'/'-inf') or null, got 'slow'"),
+    ([{"name": 7, "us": 1.0, "calls": 1}], "kernels[0].name", "a string or null, got 7"),
+    ([["k", 1.0, 1]], "kernels[0]", "an object {name, us, calls}, got ['k', 1.0, 1]"),
+])
+def test_malformed_launch_entry_is_exit_2_naming_it(runs, tmp_path, capsys, value, field, expected):
+    """An entry of a timing's `kernels` list (`harness bench --kernels`) of the wrong type is bad input too:
+    the message names the entry by its index."""
+    base = runs("base")
+    mutate, seen = _first("timing", "kernels", value)
+    bad = _rewrite(base, tmp_path / "bad.jsonl", mutate)
+    assert main(["gate", "--baseline", base, "--candidate", bad]) == 2
+    assert f"bad.jsonl:{seen['line']}: field '{field}': expected {expected}" in capsys.readouterr().err
+    out = tmp_path / "r.html"
+    assert main(["report", bad, "-o", str(out)]) == 2 and not out.exists()
 
 
 def test_malformed_pytest_benchmark_json_is_exit_2(tmp_path, capsys):

@@ -328,3 +328,70 @@ def test_cpu_run_against_committed_h200_baseline_in_chromium(tmp_path):
     assert m["regressions"]["bottom"] - m["regressions"]["top"] < 300, m  # collapsed, not thousands of rows
     assert m["verdict_color"] == "rgb(253, 226, 226)"  # red: the gate fails
     assert re.search(r"FAIL: \d{4,} regression\(s\) against the baseline", dom)
+
+
+LONG_KERNEL = "void causal_conv1d_fwd_kernel<Causal_conv1d_fwd_kernel_traits<128, 4, true, true, __nv_bf..."
+
+
+def _with_launches(src: str, dst, launches: dict) -> str:
+    """Copy the run `src` to `dst`, giving the timing records of (op, impl, T) in `launches` its fields
+    (`kernels`, `kernels_source`, `kernels_error`), as `harness bench --kernels` writes them."""
+    with open(src) as f:
+        recs = [json.loads(line) for line in f]
+    with open(dst, "w") as f:
+        for r in recs:
+            if r["kind"] == "timing":
+                r.update(launches.get((r["op"], r["impl"], r.get("tokens")), {}))
+            f.write(json.dumps(r) + "\n")
+    return str(dst)
+
+
+def _launch_runs(tmp_path):
+    conv = ("causal_conv1d_varlen", "triton", 1024)
+    base = _with_launches(make_run(str(tmp_path / "b.jsonl")), tmp_path / "base.jsonl", {
+        conv: {"kernels": [{"name": LONG_KERNEL, "us": 10.0, "calls": 1.0}, {"name": "pack", "us": 2.0, "calls": 1.0}],
+               "kernels_source": "cuda"}})
+    cand = _with_launches(make_run(str(tmp_path / "c.jsonl"), git_sha="b" * 40), tmp_path / "cand.jsonl", {
+        conv: {"kernels": [{"name": LONG_KERNEL, "us": 12.5, "calls": 1.0},
+                           {"name": "unpack", "us": 3.0, "calls": 2.0}],
+               "kernels_source": "cuda"},
+        ("causal_conv1d_varlen", "torch", 256): {"kernels_error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}})
+    return base, cand
+
+
+def test_launch_profiles_are_listed_per_case(tmp_path):
+    """Records carrying `kernels` (`harness bench --kernels`) get a collapsed list per case under their op's
+    table: one row per name (the candidate's order, then the baseline's other names), the time and calls per
+    call of each run; a case whose profile failed says why; ops without profiles get no list; the gate
+    ignores the fields."""
+    base, cand = _launch_runs(tmp_path)
+    runs = load_runs([base, cand])
+    perf = {p["op"]: p for p in build_context(runs, "t")["perf"]}
+    assert perf["selective_scan_varlen"]["launches"] == [] and perf["copy"]["launches"] == []
+    lp = perf["causal_conv1d_varlen"]["launches"]
+    assert [x["case"] for x in lp] == ["torch · bfloat16 · T=256 D=1024 K=4",
+                                       "triton · bfloat16 · T=1024 D=1024 K=4"]
+    err, conv = lp
+    assert err["error"] and "no profile (RuntimeError: CUPTI_ERROR_NOT_INITIALIZED)" in err["text"]
+    assert conv["table"]["columns"] == ["name", "µs baseline", "calls baseline", "µs candidate", "calls candidate"]
+    assert _texts(conv["table"]) == [[LONG_KERNEL, "10", "1", "12.5", "1"], ["unpack", "—", "—", "3", "2"],
+                                     ["pack", "2", "1", "—", "—"]]
+    assert conv["text"].startswith("baseline: 12 µs per call over 2 name(s)") and "candidate: 15.5 µs" in conv["text"]
+    assert "CUDA: device time" in perf["causal_conv1d_varlen"]["launch_sources"]
+    one = {p["op"]: p for p in perf_tables(load_runs([cand]))}["causal_conv1d_varlen"]["launches"][1]
+    assert one["table"]["columns"] == ["name", "µs per call", "calls per call"]
+    html = render_html(runs)
+    sec = re.search(r'<section id="performance">(.*?)</section>', html, re.S).group(1)
+    assert sec.count('<details class="launch">') == 2 and " open" not in sec and "unpack" in sec
+    plain = load_run(make_run(str(tmp_path / "plain.jsonl")))
+    assert _gate(plain, runs[1]).regressions == [] and _gate(runs[1], plain).regressions == []
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium); CI installs it")
+def test_launch_lists_fit_a_laptop_screen_in_chromium(tmp_path):
+    """With every list opened, launch tables with 80-character kernel names stay within a laptop's window."""
+    base, cand = _launch_runs(tmp_path)
+    out = tmp_path / "report.html"
+    assert main(["report", base, cand, "-o", str(out)]) == 0
+    m = _first_screen(out, tmp_path)
+    assert m["wide_tables"] == [] and m["scroll_w_open"] <= m["vw"], m
