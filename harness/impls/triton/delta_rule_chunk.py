@@ -25,7 +25,9 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
    It loads q and k and l2-normalises them itself: that is a row reduction over a (C, K) tile, small beside
    the (C, C, K) and (C, BV, K) dots of the same program, while storing normalised copies once per key head
    would cost a write and a read of two (T, Hk, K) tensors and, for half inputs, round q twice (once stored,
-   again after the exp(G) factor) instead of once.
+   again after the exp(G) factor) instead of once. With CONFIG["out_bk"] (a key block narrower than K) it
+   walks K in blocks instead of holding whole (C, K) q and k tiles: a first pass sums the rows' squares for
+   the l2 norms, a second accumulates q k^T and (exp(G) q) S_c^T block by block (less live state).
 
 "scan": two launches (the prep as above but storing Aqk = lower(q_i . k_j exp(G_i - G_j)) (C, C, diagonal
 included) in place of kg; then `_gdn_scan_kernel`, one program per (sequence, value head, BV value rows),
@@ -65,11 +67,14 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # the sequential scan); chunk: tokens per chunk (a power of two >= 16); sub: the diagonal blocks of the
 # (I + A)^-1 substitution (a power of two >= 16; chunk or more: one substitution over the whole chunk);
 # bv: value rows per scan / state program (a power of two >= 16); out_bv: value rows per output program
-# (a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half inputs multiply the state in
-# tf32 instead of their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
+# (a power of two >= 16); out_bk: key columns per step of the output launch (0: the whole key width at once;
+# else a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half inputs multiply the state
+# in tf32 instead of their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
+# Sweep candidates (harness.bench.sweep) lead with settings spill-free at the H200 shapes (offline compile):
+# chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 in the output launch.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
-                                            "out_warps": 4, "out_stages": 2, "state_tf32": False})
+                                            "out_warps": 4, "out_stages": 2, "out_bk": 0, "state_tf32": False})
 OUTPUTS = ("parallel", "scan")
 _L2EPS = tl.constexpr(L2NORM_EPS)
 
@@ -332,10 +337,11 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
                     S, HPK, K, V, pad_id, scale_hi, scale_lo,
                     sq0, sq1, sq2, sk0, sk1, sk2, svn0, svn1, sgc0, sgc1, sh0, sh1, sh2, so0, so1, so2,
                     s_qsl, s_idx,
-                    CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
+                    CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, BLOCK_S: tl.constexpr,
                     L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
                     SDOT: tl.constexpr, SPREC: tl.constexpr):
-    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request."""
+    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request. KB < BK:
+    the key dimension in blocks of KB columns (two passes over q and k: row norms, then the dots)."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -353,18 +359,49 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
             kcol = tl.arange(0, BK)
             km = kcol < K
             scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
-            qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
-            kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
             G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
             # exp(G_i - G_j) for live rows i >= j, exact zeros elsewhere (the exponent is masked, not the result)
             keep = (rows[:, None] >= rows[None, :]) & valid[:, None]
             dec = tl.exp(tl.where(keep, G[:, None] - G[None, :], float("-inf")))
-            qk = tl.dot(qt.to(DOT), tl.trans(kt.to(DOT)), input_precision=PREC, out_dtype=ACC) * dec
             vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
-            hst = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :],
-                          mask=vm[:, None] & km[None, :], other=0.0)  # (BV, BK)
-            qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
-            o = tl.dot(qe.to(SDOT), tl.trans(hst.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+            if KB < BK:
+                # row norms first (the blocks of one row all need its norm), then both dots block by block
+                nq = tl.zeros((CH,), dtype=ACC)
+                nk = tl.zeros((CH,), dtype=ACC)
+                if L2NORM:
+                    for k0 in range(0, K, KB):
+                        kc = k0 + tl.arange(0, KB)
+                        xq = _load_qk(q_ptr, tok, hk, valid, kc, kc < K, sq0, sq1, sq2, 1.0, ACC, False)
+                        xk = _load_qk(k_ptr, tok, hk, valid, kc, kc < K, sk0, sk1, sk2, 1.0, ACC, False)
+                        nq += tl.sum(xq * xq, 1)
+                        nk += tl.sum(xk * xk, 1)
+                nq = tl.sqrt(nq + _L2EPS)
+                nk = tl.sqrt(nk + _L2EPS)
+                eg = tl.exp(G)
+                qk = tl.zeros((CH, CH), dtype=ACC)
+                for k0 in range(0, K, KB):
+                    kc = k0 + tl.arange(0, KB)
+                    kmb = kc < K
+                    qb = _load_qk(q_ptr, tok, hk, valid, kc, kmb, sq0, sq1, sq2, 1.0, ACC, False)
+                    kb = _load_qk(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, 1.0, ACC, False)
+                    if L2NORM:
+                        qb = qb / nq[:, None]
+                        kb = kb / nk[:, None]
+                    qb = qb * scale
+                    qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
+                    hsb = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kc[None, :],
+                                  mask=vm[:, None] & kmb[None, :], other=0.0)  # (BV, KB)
+                    qe = tl.where(valid[:, None], qb * eg[:, None], 0.0)
+                    o += tl.dot(qe.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+                qk = qk * dec
+            else:
+                qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
+                kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+                qk = tl.dot(qt.to(DOT), tl.trans(kt.to(DOT)), input_precision=PREC, out_dtype=ACC) * dec
+                hst = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :],
+                              mask=vm[:, None] & km[None, :], other=0.0)  # (BV, BK)
+                qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
+                o = tl.dot(qe.to(SDOT), tl.trans(hst.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
             o += tl.dot(qk.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
         tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
                  o.to(o_ptr.dtype.element_ty), mask=m2)
@@ -408,8 +445,10 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
     BVO = _pow2(CONFIG["out_bv"], "out_bv")
+    KBO = _pow2(CONFIG["out_bk"], "out_bk") if CONFIG["out_bk"] else 0
     SUB = min(CH, _pow2(CONFIG["sub"], "sub"))
     BK = max(16, next_power_of_2(K))
+    KBO = min(KBO, BK) if KBO else BK
     VP = max(16, next_power_of_2(V))
     BVP = min(VP, 64)  # value columns per step of the prep's u = T (beta v)
     BVS, BVO = min(BV, VP), min(BVO, VP)
@@ -465,6 +504,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
             *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),
             hs.stride(2), *o.stride(), query_start_loc.stride(0), cache_indices.stride(0),
-            CH=CH, BK=BK, BV=BVO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC,
-            SDOT=SDOT, SPREC=SPREC, num_warps=int(CONFIG["out_warps"]), num_stages=int(CONFIG["out_stages"]))
+            CH=CH, BK=BK, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
+            PREC=PREC, SDOT=SDOT, SPREC=SPREC, num_warps=int(CONFIG["out_warps"]),
+            num_stages=int(CONFIG["out_stages"]))
     return o
