@@ -333,6 +333,15 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, gc_ptr, hs_ptr, st_ptr, qsl_ptr, idx
 
 
 @triton.jit
+def _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC: tl.constexpr):
+    """G of the chunk's rows and exp(G_i - G_j) for live rows i >= j, exact zeros elsewhere (the exponent is
+    masked, not the result)."""
+    G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
+    keep = (rows[:, None] >= rows[None, :]) & valid[:, None]
+    return G, tl.exp(tl.where(keep, G[:, None] - G[None, :], float("-inf")))
+
+
+@triton.jit
 def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_ptr,
                     S, HPK, K, V, pad_id, scale_hi, scale_lo,
                     sq0, sq1, sq2, sk0, sk1, sk2, svn0, svn1, sgc0, sgc1, sh0, sh1, sh2, so0, so1, so2,
@@ -359,12 +368,9 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
             kcol = tl.arange(0, BK)
             km = kcol < K
             scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
-            G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
-            # exp(G_i - G_j) for live rows i >= j, exact zeros elsewhere (the exponent is masked, not the result)
-            keep = (rows[:, None] >= rows[None, :]) & valid[:, None]
-            dec = tl.exp(tl.where(keep, G[:, None] - G[None, :], float("-inf")))
-            vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
             if KB < BK:
+                G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
+                vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
                 # row norms first (the blocks of one row all need its norm), then both dots block by block
                 nq = tl.zeros((CH,), dtype=ACC)
                 nk = tl.zeros((CH,), dtype=ACC)
@@ -397,7 +403,9 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
             else:
                 qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
                 kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+                G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
                 qk = tl.dot(qt.to(DOT), tl.trans(kt.to(DOT)), input_precision=PREC, out_dtype=ACC) * dec
+                vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
                 hst = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :],
                               mask=vm[:, None] & km[None, :], other=0.0)  # (BV, BK)
                 qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
