@@ -132,14 +132,17 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                 (32, 8, 2), (32, 8, 1), (16, 8, 2), (64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 2), (64, 4, 3),
                 (32, 2, 2), (64, 4, 1), (128, 4, 2), (32, 4, 3)]))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
-        # (one substitution over the chunk at 8 warps first: the least local memory at chunk 64)
-        SweepGroup("prep", "delta_rule_chunk", _rows(("sub", "prep_warps"), [
-            (64, 8), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (16, 2)])),
+        # (key blocks of 32 / 16 over 8 warps first: spill-free at chunk 64, sm_90 offline compile; then the whole
+        # key width, one substitution over the chunk at 8 warps the least local memory)
+        SweepGroup("prep", "delta_rule_chunk", _first(_rows(("prep_bk", "sub", "prep_warps"), [
+            (32, 64, 8), (16, 64, 8), (32, 16, 8), (16, 16, 8), (32, 32, 8)]),
+            _rows(("sub", "prep_warps"), [(64, 8), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (16, 2)]))),
         # chunk 32 with every launch spill-free at the H200 shapes (sm_90 offline compile) first: all three
         # kernels' parameters set, as the groups before may have picked chunk-64 values
         SweepGroup("chunk", "delta_rule_chunk", _first([
             dict(chunk=32, sub=sub, prep_warps=pw, bv=bv, scan_warps=4, scan_stages=2, out_bv=ob, out_warps=8,
-                 out_stages=2, out_bk=0) for sub, pw, bv, ob in ((16, 4, 16, 64), (32, 8, 16, 32), (16, 8, 32, 64))],
+                 out_stages=2, out_bk=0, prep_bk=0)
+            for sub, pw, bv, ob in ((16, 4, 16, 64), (32, 8, 16, 32), (16, 8, 32, 64))],
             [{"chunk": 32, "sub": 16}, {"chunk": 32, "sub": 32, "bv": 64}, {"chunk": 64, "state_tf32": True}])),
     ],
     "gated_delta_rule_update": [

@@ -186,13 +186,38 @@ def test_output_key_blocks(impl, device, check, dtype, l2norm):
     assert torch.equal(pool, args2[5]), "the final states do not depend on the output launch's key blocks"
 
 
-def test_bad_output_key_block_raises(impl, device):
-    """CONFIG["out_bk"] neither 0 nor a power of two >= 16 raises ValueError naming it; nothing is written."""
+@pytest.mark.parametrize("outputs", ["parallel", "scan"])
+@pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
+                         ids=["float32", "float64", "float32-no-l2norm"])
+def test_prep_key_blocks(impl, device, check, dtype, l2norm, outputs):
+    """CONFIG["prep_bk"]: the per-chunk launch walking the key dimension in blocks of 16 (K 40: two full
+    blocks and a partial one; k k^T, and q k^T for the "scan" pipeline, accumulated over the blocks after a
+    pass for the l2 norms; w and kg stored block by block) against the oracle, and against the
+    whole-key-width path (prep_bk 0) on the same inputs, in either pipeline."""
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (3, 16 + 5, 0, 9), (2, PAD, 1, 3), (True, True, True, False)
+    args, live = _case(lengths, device, dtype, Hk=1, Hv=2, K=40, V=5, slots=slots, init=init, l2norm=l2norm,
+                       seed=29)
+    args2 = [a.clone() for a in args]
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "prep_bk": 16}):
+        y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, prep_bk=16, outputs=outputs)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "prep_bk": 0}):
+        y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"prep_bk 16 vs 0: {(y - y2).abs().max()}"
+    assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), \
+        f"states, prep_bk 16 vs 0: {(pool - args2[5]).abs().max()}"
+
+
+@pytest.mark.parametrize("knob", ["out_bk", "prep_bk"])
+def test_bad_key_block_raises(impl, device, knob):
+    """CONFIG["out_bk"] / ["prep_bk"] neither 0 nor a power of two >= 16 raises ValueError naming it;
+    nothing is written."""
     M = _kernel(impl, torch.float32)
     args, _ = _case((5,), device, torch.float32)
     out = torch.full_like(args[2], 7.0)
     before = args[5].clone()
-    with mock.patch.dict(M.CONFIG, {"out_bk": 24}), pytest.raises(ValueError, match="out_bk.*24"):
+    with mock.patch.dict(M.CONFIG, {knob: 24}), pytest.raises(ValueError, match=f"{knob}.*24"):
         impl.op(OP)(*args, use_qk_l2norm=True, out=out)
     assert bool((out == 7.0).all()) and torch.equal(args[5], before)
 

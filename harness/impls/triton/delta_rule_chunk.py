@@ -67,14 +67,16 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # the sequential scan); chunk: tokens per chunk (a power of two >= 16); sub: the diagonal blocks of the
 # (I + A)^-1 substitution (a power of two >= 16; chunk or more: one substitution over the whole chunk);
 # bv: value rows per scan / state program (a power of two >= 16); out_bv: value rows per output program
-# (a power of two >= 16); out_bk: key columns per step of the output launch (0: the whole key width at once;
-# else a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half inputs multiply the state
-# in tf32 instead of their own dtype. The device's values in configs/<device>/delta_rule_chunk.json.
-# Sweep candidates (harness.bench.sweep) lead with settings spill-free at the H200 shapes (offline compile):
-# chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 in the output launch.
+# (a power of two >= 16); out_bk / prep_bk: key columns per step of the output / per-chunk launch (0: the
+# whole key width at once; else a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half
+# inputs multiply the state in tf32 instead of their own dtype. The device's values in
+# configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with settings spill-free
+# at the H200 shapes (offline compile): chunk 32 for all three parallel launches; at chunk 64, key blocks of
+# 32 over 8 warps in the per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
-                                            "out_warps": 4, "out_stages": 2, "out_bk": 0, "state_tf32": False})
+                                            "out_warps": 4, "out_stages": 2, "out_bk": 0, "prep_bk": 0,
+                                            "state_tf32": False})
 OUTPUTS = ("parallel", "scan")
 _L2EPS = tl.constexpr(L2NORM_EPS)
 
@@ -172,15 +174,98 @@ def _unit_lower_inverse(A, rows, n, CH: tl.constexpr, SUB: tl.constexpr, LOG2NB:
 
 
 @triton.jit
+def _row_norms(ptr, tok, hk, valid, K, s0, s1, s2, CH: tl.constexpr, KB: tl.constexpr, ACC: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """sqrt(sum of squares + eps) of rows `tok` over K, in blocks of KB columns (ones without L2NORM)."""
+    nrm = tl.zeros((CH,), dtype=ACC)
+    if L2NORM:
+        for k0 in range(0, K, KB):
+            kc = k0 + tl.arange(0, KB)
+            x = _load_qk(ptr, tok, hk, valid, kc, kc < K, s0, s1, s2, 1.0, ACC, False)
+            nrm += tl.sum(x * x, 1)
+        nrm = tl.sqrt(nrm + _L2EPS)
+    else:
+        nrm += 1.0
+    return nrm
+
+
+@triton.jit
+def _load_qk_block(ptr, tok, hk, valid, kc, kmb, s0, s1, s2, nrm, scale, ACC: tl.constexpr, L2NORM: tl.constexpr):
+    """Columns kc of `_load_qk`'s tile, normalised by the rows' norms `nrm` from `_row_norms`."""
+    x = _load_qk(ptr, tok, hk, valid, kc, kmb, s0, s1, s2, 1.0, ACC, False)
+    if L2NORM:
+        x = x / nrm[:, None]
+    return x * scale
+
+
+@triton.jit
+def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, tok, rows,
+                      valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1,
+                      sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
+                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, KB: tl.constexpr,
+                      BV: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
+                      PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr):
+    """`_gdn_prep_kernel`'s chunk with the key dimension in blocks of KB columns: (C, KB) tiles of k (and q)
+    live at a time, read once for the row norms, once for k k^T (and q k^T), once for w and kg."""
+    gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
+    bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
+    G = tl.cumsum(gt, 0)
+    tl.store(gc_ptr + tok * sgc0 + h * sgc1, G.to(gc_ptr.dtype.element_ty), mask=valid)
+    # exp(G_i - G_j) for i >= j, exact zeros above the diagonal (the difference is masked, not the result)
+    dec = tl.exp(tl.where(rows[:, None] >= rows[None, :], G[:, None] - G[None, :], float("-inf")))
+    nk = _row_norms(k_ptr, tok, hk, valid, K, sk0, sk1, sk2, CH, KB, ACC, L2NORM)
+    kk = tl.zeros((CH, CH), dtype=ACC)
+    for k0 in range(0, K, KB):
+        kc = k0 + tl.arange(0, KB)
+        kd = _load_qk_block(k_ptr, tok, hk, valid, kc, kc < K, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM).to(DOT)
+        kk += tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
+    A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
+    X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
+    if STORE_AQK:
+        nq = _row_norms(q_ptr, tok, hk, valid, K, sq0, sq1, sq2, CH, KB, ACC, L2NORM)
+        qk = tl.zeros((CH, CH), dtype=ACC)
+        for k0 in range(0, K, KB):
+            kc = k0 + tl.arange(0, KB)
+            qd = _load_qk_block(q_ptr, tok, hk, valid, kc, kc < K, sq0, sq1, sq2, nq, scale, ACC, L2NORM)
+            kd = _load_qk_block(k_ptr, tok, hk, valid, kc, kc < K, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
+            qk += tl.dot(qd.to(DOT), tl.trans(kd.to(DOT)), input_precision=PREC, out_dtype=ACC)
+        qk = qk * dec
+        tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
+                 mask=valid[:, None])
+    g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+    for k0 in range(0, K, KB):
+        kc = k0 + tl.arange(0, KB)
+        kmb = kc < K
+        kt = _load_qk_block(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
+        if not STORE_AQK:
+            kg = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
+            tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kc[None, :], kg.to(kg_ptr.dtype.element_ty),
+                     mask=valid[:, None] & kmb[None, :])
+        kb = (bt * tl.exp(G))[:, None] * kt
+        w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
+        tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kc[None, :], w.to(w_ptr.dtype.element_ty),
+                 mask=valid[:, None] & kmb[None, :])
+    for v0 in range(0, V, BV):
+        vcol = v0 + tl.arange(0, BV)
+        vm = vcol < V
+        m2 = valid[:, None] & vm[None, :]
+        vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
+        u = tl.dot(X, bt[:, None] * vt, input_precision=TPREC, out_dtype=ACC)
+        tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr,
                      S, HPK, K, V, scale_hi, scale_lo,
                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1, s_qsl,
                      sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
-                     DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr):
+                     DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr,
+                     KB: tl.constexpr):
     """w, u, G and either Aqk (STORE_AQK: the "scan" pipeline) or kg (the "parallel" one) of one chunk and
-    value head."""
+    value head. KB < BK: the key dimension in blocks of KB columns (passes over k (and q): row norms, the
+    (C, C) products, then w and kg)."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
@@ -192,6 +277,12 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         kcol = tl.arange(0, BK)
         km = kcol < K
         scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+        if KB < BK:
+            _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, tok,
+                              rows, valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0,
+                              sb1, sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1, CH, SUB, LOG2NB, KB, BV,
+                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK)
+            return
         kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
         gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
         bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
@@ -454,9 +545,11 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     BV = _pow2(CONFIG["bv"], "bv")
     BVO = _pow2(CONFIG["out_bv"], "out_bv")
     KBO = _pow2(CONFIG["out_bk"], "out_bk") if CONFIG["out_bk"] else 0
+    KBP = _pow2(CONFIG["prep_bk"], "prep_bk") if CONFIG["prep_bk"] else 0
     SUB = min(CH, _pow2(CONFIG["sub"], "sub"))
     BK = max(16, next_power_of_2(K))
     KBO = min(KBO, BK) if KBO else BK
+    KBP = min(KBP, BK) if KBP else BK
     VP = max(16, next_power_of_2(V))
     BVP = min(VP, 64)  # value columns per step of the prep's u = T (beta v)
     BVS, BVO = min(BV, VP), min(BVO, VP)
@@ -488,7 +581,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             kg.stride(1), *gc.stride(),
             CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            num_warps=int(CONFIG["prep_warps"]))
+            KB=KBP, num_warps=int(CONFIG["prep_warps"]))
         if not parallel:
             _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
