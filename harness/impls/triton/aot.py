@@ -56,7 +56,7 @@ def _intercept(kernel, seen, target, show_resources: bool = False):
 
     def getitem(_self, grid):
         def launch(*args, **kw):
-            opts = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+            opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
             names = kernel.arg_names
             values = list(args) + [kw[n] for n in names[len(args):]]
             sig, const = {}, {}
