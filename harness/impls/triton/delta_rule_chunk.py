@@ -199,6 +199,31 @@ def _load_qk_block(ptr, tok, hk, valid, kc, kmb, s0, s1, s2, nrm, scale, ACC: tl
 
 
 @triton.jit
+def _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1, ACC: tl.constexpr):
+    """Of one chunk and value head: beta, the cumulative log-decay G (stored for the later launches) and
+    exp(G_i - G_j) for i >= j, exact zeros above the diagonal (the difference is masked, not the result)."""
+    gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
+    bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
+    G = tl.cumsum(gt, 0)
+    tl.store(gc_ptr + tok * sgc0 + h * sgc1, G.to(gc_ptr.dtype.element_ty), mask=valid)
+    dec = tl.exp(tl.where(rows[:, None] >= rows[None, :], G[:, None] - G[None, :], float("-inf")))
+    return bt, G, dec
+
+
+@triton.jit
+def _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV: tl.constexpr, ACC: tl.constexpr,
+            TPREC: tl.constexpr):
+    """u = T (beta v) of one chunk and value head, BV value columns at a time (X = T)."""
+    for v0 in range(0, V, BV):
+        vcol = v0 + tl.arange(0, BV)
+        vm = vcol < V
+        m2 = valid[:, None] & vm[None, :]
+        vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
+        u = tl.dot(X, bt[:, None] * vt, input_precision=TPREC, out_dtype=ACC)
+        tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, tok, rows,
                       valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1,
                       sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
@@ -207,12 +232,7 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
                       PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr):
     """`_gdn_prep_kernel`'s chunk with the key dimension in blocks of KB columns: (C, KB) tiles of k (and q)
     live at a time, read once for the row norms, once for k k^T (and q k^T), once for w and kg."""
-    gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
-    bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
-    G = tl.cumsum(gt, 0)
-    tl.store(gc_ptr + tok * sgc0 + h * sgc1, G.to(gc_ptr.dtype.element_ty), mask=valid)
-    # exp(G_i - G_j) for i >= j, exact zeros above the diagonal (the difference is masked, not the result)
-    dec = tl.exp(tl.where(rows[:, None] >= rows[None, :], G[:, None] - G[None, :], float("-inf")))
+    bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1, ACC)
     nk = _row_norms(k_ptr, tok, hk, valid, K, sk0, sk1, sk2, CH, KB, ACC, L2NORM)
     kk = tl.zeros((CH, CH), dtype=ACC)
     for k0 in range(0, K, KB):
@@ -245,13 +265,7 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
         w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
         tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kc[None, :], w.to(w_ptr.dtype.element_ty),
                  mask=valid[:, None] & kmb[None, :])
-    for v0 in range(0, V, BV):
-        vcol = v0 + tl.arange(0, BV)
-        vm = vcol < V
-        m2 = valid[:, None] & vm[None, :]
-        vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
-        u = tl.dot(X, bt[:, None] * vt, input_precision=TPREC, out_dtype=ACC)
-        tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+    _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
 
 @triton.jit
@@ -284,12 +298,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                               L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK)
             return
         kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
-        gt = tl.load(g_ptr + tok * sg0 + h * sg1, mask=valid, other=0.0).to(ACC)
-        bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
-        G = tl.cumsum(gt, 0)
-        tl.store(gc_ptr + tok * sgc0 + h * sgc1, G.to(gc_ptr.dtype.element_ty), mask=valid)
-        # exp(G_i - G_j) for i >= j, exact zeros above the diagonal (the difference is masked, not the result)
-        dec = tl.exp(tl.where(rows[:, None] >= rows[None, :], G[:, None] - G[None, :], float("-inf")))
+        bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1, ACC)
         kd = kt.to(DOT)
         kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
         A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
@@ -308,13 +317,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
         tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], w.to(w_ptr.dtype.element_ty),
                  mask=valid[:, None] & km[None, :])
-        for v0 in range(0, V, BV):
-            vcol = v0 + tl.arange(0, BV)
-            vm = vcol < V
-            m2 = valid[:, None] & vm[None, :]
-            vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
-            u = tl.dot(X, bt[:, None] * vt, input_precision=TPREC, out_dtype=ACC)
-            tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+        _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
 
 @triton.jit
