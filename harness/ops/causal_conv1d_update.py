@@ -10,21 +10,16 @@ from __future__ import annotations
 
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
-from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_params_ok
+from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_call_ok
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor
 
 
 def validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation=None,
                                   pad_slot_id=ck.PAD_SLOT_ID, out=None):
-    xs = ck.act_shape(x, 2)
-    if xs is not None:
-        dev = x.device
-        Bsz, D = xs
-        K = conv_params_ok(D, weight, bias, conv_states, activation, dev)
-        if K and ck.out_ok(out, xs, x.dtype, dev) \
-                and ck.slots_ok(conv_state_indices, Bsz, conv_states.shape[0], pad_slot_id, dev):
-            return Bsz, D, K
+    ok = conv_call_ok(x, weight, bias, conv_states, activation, out)
+    if ok is not None and ck.slots_ok(conv_state_indices, ok[0], conv_states.shape[0], pad_slot_id, x.device):
+        return ok
     return check_rules(x, conv_states, weight, bias, conv_state_indices, activation, pad_slot_id, out)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
 from harness.ops import _spec_decode as SD
-from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_params_ok
+from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_call_ok
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor
 
@@ -25,16 +25,13 @@ from reference.validate import check_tensor
 def validate_causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_state_indices,
                                        num_accepted_tokens, activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None):
     """Returns (T, D, K, Bsz, S) with S = num_spec + 1."""
-    xs = ck.act_shape(x, 2)
-    if xs is not None:
-        dev = x.device
-        T, D = xs
-        K = conv_params_ok(D, weight, bias, conv_states, activation, dev)
-        if K and ck.out_ok(out, xs, x.dtype, dev):
-            rows = ck.spec_decode_ok(query_start_loc, conv_state_indices, num_accepted_tokens, T, conv_states.shape[0],
-                                     pad_slot_id, dev)
-            if rows is not None:
-                return T, D, K, rows[0], rows[1]
+    ok = conv_call_ok(x, weight, bias, conv_states, activation, out)
+    if ok is not None:
+        T, D, K = ok
+        rows = ck.spec_decode_ok(query_start_loc, conv_state_indices, num_accepted_tokens, T, conv_states.shape[0],
+                                 pad_slot_id, x.device)
+        if rows is not None:
+            return T, D, K, rows[0], rows[1]
     return check_rules(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
                        activation, pad_slot_id, out)
 

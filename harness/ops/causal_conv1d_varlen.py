@@ -49,18 +49,26 @@ def conv_params_ok(D, weight, bias, conv_states, activation, dev) -> int:
     return K
 
 
-def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                                  has_initial_state, activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None):
+def conv_call_ok(x, weight, bias, conv_states, activation, out):
+    """(rows of x, D, K) when x, the conv parameters and `out` pass the conv ops' common rules (all on x's
+    device), else None: the start of their validators' fast paths."""
     xs = ck.act_shape(x, 2)
     if xs is not None:
-        dev = x.device
-        T, D = xs
-        K = conv_params_ok(D, weight, bias, conv_states, activation, dev)
-        if K and ck.out_ok(out, xs, x.dtype, dev):
-            S = ck.varlen_ok(query_start_loc, T, cache_indices, has_initial_state, conv_states.shape[0], pad_slot_id,
-                             dev)
-            if S is not None:
-                return T, D, K, S
+        K = conv_params_ok(xs[1], weight, bias, conv_states, activation, x.device)
+        if K and ck.out_ok(out, xs, x.dtype, x.device):
+            return xs[0], xs[1], K
+    return None
+
+
+def validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                  has_initial_state, activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None):
+    ok = conv_call_ok(x, weight, bias, conv_states, activation, out)
+    if ok is not None:
+        T, D, K = ok
+        S = ck.varlen_ok(query_start_loc, T, cache_indices, has_initial_state, conv_states.shape[0], pad_slot_id,
+                         x.device)
+        if S is not None:
+            return T, D, K, S
     return check_rules(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, activation,
                        pad_slot_id, out)
 
