@@ -270,7 +270,8 @@ def profile_launches(fns: Sequence[Callable[[], object]] | Callable[[], object],
         synchronize(device)
     per: dict[str, list] = {}
     for e in prof.events():
-        if e.is_user_annotation or "annotation" in str(e.activity_type or ""):
+        # (FunctionEvent has no activity_type before torch 2.12)
+        if getattr(e, "is_user_annotation", False) or "annotation" in str(getattr(e, "activity_type", "") or ""):
             continue
         if kind == "cpu":
             if e.device_type != DeviceType.CPU or e.is_async or e.is_python_function:

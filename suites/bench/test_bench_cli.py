@@ -192,15 +192,16 @@ def test_bench_sweep_isolated_children_get_a_device_the_cli_accepts(monkeypatch,
         assert build_parser(child).parse_args(child).device == "cuda"  # exits on a --device it rejects
 
 
-def test_bench_sweep_groups_of_other_ops_are_passed_over(tmp_path, capsys):
+def test_bench_sweep_groups_of_other_ops_are_passed_over(tmp_path, capsys, device):
     """--group names of any sweepable op are accepted (runs that split the ops between processes share one
     list): the ops' own groups are swept; a name no op has, or a list with no group of the ops swept, is an
     error naming the argument."""
     from harness.bench.sweep import SWEEPS
     other = next(g.name for g in SWEEPS["gated_delta_rule_varlen"]
                  if g.name not in {h.name for h in SWEEPS["causal_conv1d_update"]})
-    assert main(["bench", "sweep", "--device", "cpu", "--op", "causal_conv1d_update", "--group", f"update,{other}",
-                 "--candidates", "1", *QUICK[:4], "--no-write", "--out", str(tmp_path / "s.jsonl")]) == 0
+    assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "causal_conv1d_update",
+                 "--group", f"update,{other}", "--candidates", "1", *QUICK[:4], "--no-write",
+                 "--out", str(tmp_path / "s.jsonl")]) == 0
     assert {r["group"] for r in read_records(str(tmp_path / "s.jsonl")) if r["kind"] == "timing"} == {"update"}
     capsys.readouterr()
     for bad in (other, "nosuch"):
