@@ -159,9 +159,15 @@ def test_a_lost_cuda_context_ends_the_process_not_the_tests_after_it(tmp_path, w
     (tmp_path / "test_f.py").write_text(textwrap.dedent("""
         import os
         import pytest
+        import torch
+        from harness.testing.optest import note_case, read_only_inputs
+        def kernel(*args, **kwargs):
+            raise RuntimeError("CUDA error: misaligned address")
         def test_fault():
             os.environ["FAULTED"] = "1"
-            raise RuntimeError("CUDA error: misaligned address")
+            note_case(seed=5)
+            read_only_inputs("gated_delta_rule_varlen", kernel)(torch.zeros(3, 1, 4),
+                                                                query_start_loc=torch.tensor([0, 3]))
         @pytest.mark.parametrize("i", range(12))
         def test_after(i):
             assert not os.environ.get("FAULTED"), "ran in the process whose context was lost"
@@ -172,6 +178,11 @@ def test_a_lost_cuda_context_ends_the_process_not_the_tests_after_it(tmp_path, w
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     fault = [x for x in lines if x["nodeid"].endswith("test_fault")]
     assert fault and fault[0]["why"].startswith("CUDA context lost (AcceleratorError: CUDA error: misaligned"), lines
+    # the call that faulted, noted before it ran, reaches the outcome line (from an xdist worker too)
+    assert " after gated_delta_rule_varlen by test_f.kernel with q[3, 1, 4] float32, query_start_loc=[0, 3], " \
+           "seed=5: " in fault[0]["why"], fault
+    assert fault[0]["last_call"]["args"]["query_start_loc"]["values"] == [0, 3], fault
+    assert fault[0]["last_call"]["case"] == {"seed": 5}, fault
     after = [x for x in lines if "test_after" in x["nodeid"]]
     if workers:
         assert sum(x["outcome"] == "passed" for x in after) >= 11, (r.stdout + r.stderr)[-3000:]
@@ -179,6 +190,7 @@ def test_a_lost_cuda_context_ends_the_process_not_the_tests_after_it(tmp_path, w
     else:
         assert r.returncode == 1 and after == [], r.stdout + r.stderr
         assert "run again with --resume" in r.stdout + r.stderr
+        assert "the last op call: gated_delta_rule_varlen by test_f.kernel" in r.stderr, r.stderr
 
 
 def test_resume_runs_what_a_cut_run_left(tmp_path):
@@ -274,3 +286,78 @@ def test_strict_op_keeps_not_implemented_a_failure():
         strict_op(wrapped, "ssd_varlen")()
     with pytest.raises(pytest.skip.Exception, match="peer: no such case"):
         wrapped.op("ssd_varlen")()
+
+
+def _faults(*args, **kwargs):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_an_op_call_is_noted_before_the_op_runs():
+    """`read_only_inputs` notes the call as the process's last op call before the implementation runs: a
+    call that faults leaves its description (shapes, dtypes, strides, the values of small index tensors, the
+    case the suite noted), JSON-serialisable."""
+    import json
+    from harness.testing.optest import last_call, note_case, read_only_inputs
+    q = torch.zeros(70, 2, 8)
+    qsl = torch.tensor([0, 3, 70], dtype=torch.int32)
+    idx = torch.arange(65)  # more than lastcall.SMALL elements: its shape, not its values
+    note_case(shapes={"lengths": [3, 67], "q": q}, seed=7)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        read_only_inputs("gated_delta_rule_varlen", _faults)(q, q, q, q[..., 0], q[..., 0], torch.zeros(65, 2, 8, 8),
+                                                             qsl, idx, torch.tensor([True, False]), scale=None)
+    last = last_call()
+    json.dumps(last)
+    assert last["op"] == "gated_delta_rule_varlen" and last["fn"] == f"{__name__}._faults", last
+    a = last["args"]
+    assert a["q"] == {"shape": [70, 2, 8], "dtype": "float32", "stride": [16, 8, 1], "device": "cpu"}, a["q"]
+    assert a["g"]["stride"] == [16, 8] and "values" not in a["g"], a["g"]
+    assert a["query_start_loc"]["values"] == [0, 3, 70] and a["query_start_loc"]["dtype"] == "int32", a
+    assert a["cache_indices"]["shape"] == [65] and "values" not in a["cache_indices"], a["cache_indices"]
+    assert a["has_initial_state"]["values"] == [True, False] and a["scale"] is None, a
+    assert last["case"] == {"shapes": {"lengths": [3, 67], "q": a["q"]}, "seed": 7}, last["case"]
+
+
+def test_run_pool_case_notes_its_case_with_the_call():
+    """`run_pool_case` notes the suite's drawn shapes and seed with the op call it makes."""
+    import types
+    from harness.ops import SPECS
+    from harness.testing.optest import contract_variants, last_call, run_pool_case
+    sp = SPECS["selective_state_update"]
+    shape = dict(contract_variants(sp))["mamba1-full"]
+    pos, opt = sp.split(sp.inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0)))
+    faulting = types.SimpleNamespace(name="faulting", op=lambda name: _faults)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run_pool_case(None, faulting, sp.name, pos, opt, pool_pos=0, live_slots=pos[-1].tolist(), y_mask=None,
+                      dtype=torch.float32, seed=11, shapes={"batch": 3, "layout": "contiguous"})
+    last = last_call()
+    assert last["op"] == "selective_state_update" and last["fn"].endswith("._faults"), last
+    assert last["case"] == {"shapes": {"batch": 3, "layout": "contiguous"}, "seed": 11}, last["case"]
+    assert last["args"]["out"]["shape"] == list(pos[1].shape), last["args"]
+
+
+def test_outcome_of_a_lost_context_names_the_last_op_call():
+    """The --outcomes line of a test that lost the CUDA context carries the last op call (`last_call`) and
+    says in `why` which op, by which function, on what it was called; a failure without the lost context
+    carries neither."""
+    import json
+    import types
+    from harness.testing import plugin
+    from harness.testing.lastcall import describe_call, last_call, note_call, note_case
+    note_case(shapes={"lengths": [2, 3]}, seed=7)
+    note_call(describe_call("gated_delta_rule_varlen", _faults,
+                            [torch.zeros(5, 2, 8)] * 5 + [torch.zeros(2, 2, 8, 8), torch.tensor([0, 2, 5])], {}))
+    last = last_call()
+    err = "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    report = types.SimpleNamespace(when="call", passed=False, failed=True, skipped=False, outcome="failed",
+                                   nodeid="suites/ops/test_x.py::test_y", duration=1.5,
+                                   longreprtext="E   torch.AcceleratorError: CUDA error: an illegal memory access",
+                                   user_properties=[(plugin._LOST, err), (plugin._LAST_CALL, last)])
+    line = plugin._outcome_line(report)
+    json.dumps(line)
+    assert line["last_call"] == last, line
+    assert line["why"] == (f"CUDA context lost ({err}) after gated_delta_rule_varlen by {__name__}._faults with "
+                           f"q[5, 2, 8] float32, query_start_loc=[0, 2, 5], lengths=[2, 3], seed=7: "
+                           f"E   torch.AcceleratorError: CUDA error: an illegal memory access"), line["why"]
+    report.user_properties = []
+    line = plugin._outcome_line(report)
+    assert "last_call" not in line and line["why"].startswith("E   torch.AcceleratorError"), line

@@ -21,6 +21,10 @@ Generic pieces (usable for any op of `harness.ops`):
   contract: an op writes only its pool and `out=`); `run_pool_case` and `run_isolation_case` apply it
   after every call; `read_only_inputs(op, fn)` wraps an op so that every call applies it (for suites that
   call ops directly).
+* `note_case(**fields)`, `describe_call(op, fn, args, kwargs)`, `note_call(desc)`, `last_call()`
+  (harness.testing.lastcall): the last op call of the process, noted before the op runs, with the case
+  the suite noted (drawn `shapes`, `seed`): what the plugin reports when a kernel fault loses the CUDA
+  context. `read_only_inputs` and `run_pool_case` note every call they make.
 * `pool_like(pool, layout, seed)` / `other_layout_pool(pool, layout)`: the same slot contents in
   another pool layout (contiguous / page_major / channels_last strided view), for
   `run_pool_case(alt_pools=...)`.
@@ -41,6 +45,8 @@ import torch
 from harness.testing.checks import POLICY, assert_bitwise_equal, poison_, tolerance_for
 from harness.impls.reference_impl import oracle
 from harness.testing import assert_pad_rows_zero, make_pool, pad_rows
+from harness.testing.lastcall import arg_names as _arg_names, describe_call, note_call, note_case
+from harness.testing.lastcall import last_call  # noqa: F401 - for the suites, with note_case
 
 HALF = (torch.float16, torch.bfloat16)
 ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -110,12 +116,6 @@ def pool_like(pool: torch.Tensor, layout: str, seed: int = 0) -> torch.Tensor:
     return p
 
 
-def _arg_names(op: str, n: int) -> list:
-    from harness.ops import SPECS
-    names = list(SPECS[op].args) if op in SPECS else []
-    return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
-
-
 def snapshot_inputs(op: str, args, kwargs: dict, skip=()) -> list:
     """(name, tensor, copy) for every tensor argument of a call of `op` (positional, named by the op's
     spec, and keyword) except `out` and the names or positions in `skip` (the pool): what
@@ -140,7 +140,8 @@ def assert_inputs_unchanged(op: str, snap: list, context: str = "") -> None:
 
 def read_only_inputs(op: str, fn):
     """`fn` (an implementation of `op`) checking after every call that it left every tensor argument but
-    the pool and `out=` bitwise unchanged (not for inputs of gigabytes: each call copies its inputs)."""
+    the pool and `out=` bitwise unchanged (not for inputs of gigabytes: each call copies its inputs). Each
+    call is noted as the process's last op call before `fn` runs (`note_call`)."""
     import functools
     from harness.ops import SPECS
     pool = SPECS[op].pool if op in SPECS else None
@@ -148,6 +149,7 @@ def read_only_inputs(op: str, fn):
     @functools.wraps(fn)
     def call(*args, **kwargs):
         snap = snapshot_inputs(op, args, kwargs, skip=(pool,) if pool else ())
+        note_call(describe_call(op, fn, args, kwargs))
         y = fn(*args, **kwargs)
         assert_inputs_unchanged(op, snap)
         return y
@@ -194,7 +196,10 @@ def _run_pool_case(check, impl, op, args, kwargs, *, pool_pos, live_slots, y_mas
     y_ref, pool_ref = oracle(op, *args, **kwargs)
     inputs = snapshot_inputs(op, args, kwargs, skip=(pool_pos,))
     pads = pad_rows(op, args, kwargs)
-    y = impl.op(op)(*args, out=out, **kwargs)
+    fn = impl.op(op)
+    note_case(shapes=shapes, seed=seed)
+    note_call(describe_call(op, fn, args, dict(kwargs, out=out)))
+    y = fn(*args, out=out, **kwargs)
     assert_inputs_unchanged(op, inputs, tag)
     assert y is out, f"{op}: expected the op to return the `out=` tensor it was given, got another tensor"
     assert_pad_rows_zero(op, y, pads, f"y{tag}", "out= was filled with NaN before the call")

@@ -19,9 +19,16 @@ A lost CUDA context
   A kernel fault (an illegal or misaligned address) leaves the process's CUDA context unusable: every later
   CUDA call in it fails with the same error. After a failed test on a CUDA device the plugin checks the
   context; when it is lost, that test's --outcomes line says so first, and the process ends after the
-  test: under pytest-xdist the controller starts a fresh worker for the tests left (xdist reports the next
-  test scheduled on the lost worker as "crashed", unrun: --resume runs it again); without xdist the run
-  stops with a message to continue it with --resume.
+  test. The fault itself leaves no case to reproduce (hypothesis can neither replay nor print the example:
+  every CUDA call fails; the comparison records come only after a call that returned), so the report
+  names the process's last op call, noted before the op ran (harness.testing.lastcall: `read_only_inputs`
+  and `run_pool_case` note every call, the op suites note their case's drawn shapes and seed): the
+  outcome line gets a "last_call" field (the op, the implementation function, every argument's shape,
+  dtype, stride and device, the values of small index tensors, the case) and its `why` reads "CUDA context
+  lost (<error>) after <op> by <function> with <shapes, indices, seed>: <failure>"; the process prints the
+  same before it ends. Under pytest-xdist the controller starts a fresh worker for the tests left (xdist
+  reports the next test scheduled on the lost worker as "crashed", unrun: --resume runs it again); without
+  xdist the run stops with a message to continue it with --resume.
 
 Output
   A skip says one line of reason (hypothesis' "Falsifying explicit example" note on a skipped example is
@@ -174,18 +181,23 @@ def _outcome_line(report) -> dict | None:
     """The --outcomes line for a test report: the call phase, or a setup/teardown that did not pass."""
     if report.when != "call" and report.passed:
         return None
-    why = ""
+    why, lost, last = "", None, None
     if report.failed:
         why = failure_line(report.longreprtext)
-        lost = dict(getattr(report, "user_properties", ()) or ()).get(_LOST)
+        props = dict(getattr(report, "user_properties", ()) or ())
+        lost, last = props.get(_LOST), props.get(_LAST_CALL)
         if lost:
-            why = f"CUDA context lost ({lost}): {why}"
+            from harness.testing.lastcall import summary
+            why = f"CUDA context lost ({lost}){' after ' + summary(last) if last else ''}: {why}"
         why = why[:500]
     elif report.skipped and isinstance(report.longrepr, tuple):
         why = str(report.longrepr[2])[:500]
-    return {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+    line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
             "seconds": round(report.duration, 3), "why": why,
             "worker": getattr(report, "node", None) and report.node.gateway.id}
+    if lost and last:
+        line["last_call"] = last
+    return line
 
 
 def pytest_runtest_logreport(report):
@@ -278,6 +290,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 _LOST = "cuda_context_lost"
+_LAST_CALL = "last_op_call"
 
 
 def cuda_context_error(device) -> str | None:
@@ -297,18 +310,25 @@ def cuda_context_error(device) -> str | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """After a test that lost the CUDA context, end this process (see the module doc)."""
+    from harness.testing import lastcall
+    lastcall.clear()  # a test's report names only the op calls it made
     result = yield
     lost = _STATE.get("lost")
     if lost:
-        nodeid, err = lost
+        import json
+        import sys
+        nodeid, err, last = lost
+        after = f"; the last op call: {lastcall.summary(last)}\n  {json.dumps(last)}\n" if last else ""
         msg = (f"the CUDA context of this process is unusable after {nodeid} ({err}); the tests after it need "
                f"a new process")
         if os.environ.get("PYTEST_XDIST_WORKER"):
-            import sys
             import time
-            print(f"ssm-harness: {msg}: this worker ends, pytest-xdist starts another", file=sys.stderr, flush=True)
+            print(f"ssm-harness: {msg}: this worker ends, pytest-xdist starts another{after}", file=sys.stderr,
+                  flush=True)
             time.sleep(1.0)  # the worker's reports of the test reach the controller first
             os._exit(3)
+        if after:
+            print(f"ssm-harness: {msg}{after}", file=sys.stderr, flush=True)
         pytest.exit(f"{msg}: run again with --resume OUTCOMES (with --outcomes set) to go on", returncode=1)
     return result
 
@@ -317,13 +337,18 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     """A skip's reason is one line: hypothesis appends its multi-line "Falsifying explicit example" note
     (the whole example's repr) to a skip raised inside an explicit @example. A failed test on a CUDA device
-    is followed by a check of the context (see the module doc)."""
+    is followed by a check of the context; a lost one is reported with the last op call (see the module
+    doc)."""
     report = yield
     if report.failed and not _STATE.get("lost"):
         err = cuda_context_error(_STATE.get("device", ""))
         if err:
-            _STATE["lost"] = (item.nodeid, err)
+            from harness.testing.lastcall import last_call
+            last = last_call()
+            _STATE["lost"] = (item.nodeid, err, last)
             report.user_properties.append((_LOST, err))
+            if last:
+                report.user_properties.append((_LAST_CALL, last))
     if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
         path, lineno, reason = report.longrepr
         lines = [ln for ln in str(reason).splitlines() if ln.strip()]

@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from harness import ops as DC
 from harness.testing.checks import assert_bitwise_equal, poison_, tolerance_for
-from harness.testing.optest import ALL_DTYPES, check_pad_rows, coarser, interp_small, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
+from harness.testing.optest import ALL_DTYPES, check_pad_rows, coarser, interp_small, note_case, tiled_seqlens, tiled_split, other_layout_pool, rand, randn, read_only_inputs, require, token_mask
 from reference.testing import cu_seqlens_from, gen
 from harness.impls.torch import delta_rule as TD
 from harness.testing import LAYOUTS, assert_untouched, choose_slots, make_pool, strict_op
@@ -96,7 +96,8 @@ def chunk_size(kind, cs, impl=None):
 def run_case(check, kind, op, oracle, args, kw, *, pool_pos, live_slots, y_mask, dtype, seed, shapes, impl):
     """Call `fn` with a NaN-poisoned `out=`: it returns `out`; o on `y_mask` rows and the live slots match
     the float64 oracle; the pads' rows of o are 0 (`check_pad_rows`); every other slot (pads' too) is bitwise
-    unchanged."""
+    unchanged. The case (`shapes`, `seed`) is noted with the op call (harness.testing.lastcall)."""
+    note_case(shapes=shapes, seed=seed)
     pool = args[pool_pos]
     before = pool.clone()
     out = poison_(torch.empty_like(args[2]))
