@@ -30,6 +30,12 @@ A lost CUDA context
   reports the next test scheduled on the lost worker as "crashed", unrun: --resume runs it again); without
   xdist the run stops with a message to continue it with --resume.
 
+Bounds checks (CPU)
+  Where Triton kernels run through the interpreter (--device cpu), every masked load and store is checked
+  against the storages of the kernel's tensor arguments (harness.testing.triton_bounds): an address outside
+  all of them fails the test with OutOfBounds, where a GPU would fault or silently read a neighbour's memory.
+  HARNESS_TRITON_BOUNDS=0 turns the checks off.
+
 Output
   A skip says one line of reason (hypothesis' "Falsifying explicit example" note on a skipped example is
   dropped). Under pytest-xdist, pytest-benchmark cannot time: tests that take its `benchmark` fixture skip
@@ -96,6 +102,12 @@ def pytest_configure(config):
         # Triton kernels run on CPU tensors through the interpreter; it must be set before any
         # @triton.jit definition is executed.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("HARNESS_TRITON_BOUNDS", "1") != "0":
+            from harness.testing import triton_bounds
+            why = triton_bounds.install()
+            if why:
+                import warnings
+                warnings.warn(f"ssm-harness: Triton kernels run without bounds checks: {why}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     device = devices.worker_device(device)
