@@ -24,7 +24,9 @@
 #              record as passed or skipped, the bench only the cases its bench.jsonl does not time, and
 #              they add their records to the baseline folder's files instead of replacing them
 #
-# Environment: BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
+# Environment: PEERS_RESUME_FAILED=rerun makes a resumed peers step run again the peers' tests that failed on an
+# assertion (default skip: those verdicts are written-up findings; errors and crashes always run again);
+# BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
 # SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
 # seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S).
 #
@@ -258,7 +260,8 @@ step_peers() {
   # is not importable would stop the run)
   timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ --ignore=suites/bench \
     -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" \
-    $(resume_args outcomes-peers.jsonl) --results "$LOGS/results-peers.jsonl" \
+    $(resume_args outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
+    --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
   rc=$?; place results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"

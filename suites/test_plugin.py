@@ -223,6 +223,26 @@ def test_resume_runs_what_a_cut_run_left(tmp_path):
     assert r.returncode == 4 and "--resume: expected an --outcomes file" in r.stderr
 
 
+def test_resume_failed_skip_keeps_verdicts_and_reruns_errors(tmp_path):
+    """--resume-failed skip: a test whose last recorded failure is an assertion is not run again; one that
+    failed on an error, or with a lost CUDA context, runs again, as does every test without --resume-failed."""
+    import json
+
+    from harness.testing.plugin import finished_tests
+    lines = [("test_verdict", "E   AssertionError: y: error ratio 1e-01 exceeds 0.005"),
+             ("test_mismatch", "E   harness.scenarios.Mismatch: pad rows of y must be zero"),
+             ("test_error", "E   RuntimeError: Triton Error [CUDA]: an illegal memory access"),
+             ("test_lost", "CUDA context lost (AcceleratorError: x): E   AssertionError: y"),
+             ("test_group", "    +-----------------------------------"),
+             ("test_fixed", "E   AssertionError: was wrong once")]
+    path = tmp_path / "o.jsonl"
+    path.write_text("".join(json.dumps({"nodeid": n, "when": "call", "outcome": "failed", "why": w}) + "\n"
+                            for n, w in lines)
+                    + json.dumps({"nodeid": "test_fixed", "when": "call", "outcome": "passed"}) + "\n")
+    assert finished_tests([str(path)]) == {"test_fixed"}
+    assert finished_tests([str(path)], skip_failed=True) == {"test_verdict", "test_mismatch", "test_fixed"}
+
+
 def test_unsupported_examples_are_rejected_not_the_whole_test(tmp_path):
     """An implementation (the plugin's `impl`) whose op raises NotImplementedError for some examples has the
     others still run and checked: a wrong result on a supported example fails the test even when the first

@@ -14,6 +14,9 @@ Options
   --resume PATH                  repeatable; an --outcomes file of an earlier (cut) run: the tests it records
                                  as passed or skipped are deselected, so the run does what is left and the
                                  failures again
+  --resume-failed {rerun,skip}   skip: with --resume, a test whose last recorded failure is an assertion (a
+                                 comparison's verdict, e.g. a peer's written-up finding) is not run again;
+                                 failures of any other kind (errors, crashes, lost CUDA contexts) are
 
 A lost CUDA context
   A kernel fault (an illegal or misaligned address) leaves the process's CUDA context unusable: every later
@@ -76,6 +79,10 @@ def pytest_addoption(parser):
                 help="append one JSONL line per finished test as it finishes (survives a killed run)")
     g.addoption("--resume", action="append", default=None, metavar="PATH",
                 help="an --outcomes file of an earlier run: deselect the tests it records as passed or skipped")
+    g.addoption("--resume-failed", action="store", default="rerun", choices=("rerun", "skip"),
+                help="with --resume: run the tests it records as failed again (rerun, default), or only those "
+                     "that did not fail on an assertion (skip: a comparison's verdict stands; errors, crashes "
+                     "and lost CUDA contexts run again)")
 
 
 def _register_profiles():
@@ -255,10 +262,20 @@ def _test_ops(item, names: set) -> set:
     return found
 
 
-def finished_tests(paths) -> set[str]:
-    """Node ids an --outcomes file records as passed or skipped (a cut last line is ignored)."""
+def _assertion_failure(rec: dict) -> bool:
+    """An outcome line of a test that failed on an assertion (a comparison's verdict), not on an error, a
+    crash or a lost CUDA context."""
+    why = rec.get("why") or ""
+    return rec.get("outcome") == "failed" and not why.startswith("CUDA context lost") and \
+        bool(re.match(r"^E\s+(AssertionError|harness\.scenarios\.Mismatch)\b", why) or
+             re.match(r"^(AssertionError|harness\.scenarios\.Mismatch)\b", why))
+
+
+def finished_tests(paths, skip_failed: bool = False) -> set[str]:
+    """Node ids an --outcomes file records as passed or skipped (a cut last line is ignored); with
+    `skip_failed`, also those whose last line is a failure on an assertion (`_assertion_failure`)."""
     import json
-    done = set()
+    done, last = set(), {}
     for path in paths:
         if not os.path.isfile(path):
             raise pytest.UsageError(f"--resume: expected an --outcomes file, got {path!r} (no such file)")
@@ -271,13 +288,17 @@ def finished_tests(paths) -> set[str]:
                 if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
                         rec.get("when") == "setup" and rec.get("outcome") == "skipped":
                     done.add(rec["nodeid"])
+                if rec.get("outcome") == "failed":
+                    last[rec["nodeid"]] = rec
+    if skip_failed:
+        done |= {n for n, rec in last.items() if _assertion_failure(rec)}
     return done
 
 
 def pytest_collection_modifyitems(config, items):
     resume = config.getoption("resume")
     if resume:
-        done = finished_tests(resume)
+        done = finished_tests(resume, skip_failed=config.getoption("resume_failed") == "skip")
         drop = [item for item in items if item.nodeid in done]
         if drop:
             config.hook.pytest_deselected(items=drop)
