@@ -362,6 +362,13 @@ class EngineRunner:
             res.step_logits = torch.stack(res.step_logits) if res.step_logits else torch.zeros(0, self.cfg.vocab_size)
         return results
 
+    def _add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual + x in the residual's dtype; where that dtype is the promoted one (an fp32 residual, a bf16
+        x), one kernel that reads x as it is (the same sums as casting x first, without the cast's launch)."""
+        if torch.promote_types(residual.dtype, x.dtype) == residual.dtype:
+            return residual + x
+        return residual + x.to(residual.dtype)
+
     def _rms(self, x, w):
         return self.impl.ops["gated_rms_norm"](x.to(self.dtype).contiguous(), w, None, eps=float(self.cfg.norm_eps))
 
@@ -375,12 +382,12 @@ class EngineRunner:
                 out, conv, ssm = be(h, md, self.pool.conv(j), self.pool.recurrent(j))
             else:
                 out = be.forward(h.to(self.dtype), md, self.pool.kv, j)
-            residual = residual + out.to(self.residual_dtype)
+            residual = self._add(residual, out)
             if self.mlps[i] is not None:
                 norm, mlp = self.mlps[i]
                 h = self._rms(residual, norm).to(self.dtype)
                 y = self.tp.all_reduce(mlp(h))
-                residual = residual + y.to(self.residual_dtype)
+                residual = self._add(residual, y)
         return residual
 
     def _step(self, batch, results, started):
