@@ -21,7 +21,8 @@
 #              to time, the suites check on GPU 0 and the peers on GPU 1, half the cores each.
 #   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
 #              outcome files too): the suites and peers steps run only the tests its outcome files do not
-#              record as passed or skipped, the bench only the cases its bench.jsonl does not time, and
+#              record as passed or skipped, the bench only the cases its bench.jsonl does not time (but the
+#              ops swept in this run and those in BENCH_RETIME: timed again, their old records dropped), and
 #              they add their records to the baseline folder's files instead of replacing them
 #
 # Environment: PEERS_RESUME_FAILED=rerun makes a resumed peers step run again the peers' tests that failed on an
@@ -131,8 +132,33 @@ place() {
 }
 # resume_args OUTCOMES: the pytest --resume argument for an earlier run's outcome file, if there is one
 resume_args() { [ -n "$RESUME" ] && [ -s "$RESUME/$1" ] && echo "--resume $RESUME/$1"; }
-# bench_resume: harness bench's --resume for the earlier run's timings, if there are any
-bench_resume() { [ -n "$RESUME" ] && [ -s "$RESUME/bench.jsonl" ] && echo "--resume $RESUME/bench.jsonl"; }
+# retime_ops: the ops a resumed bench times again although the earlier run timed them: BENCH_RETIME, and the
+# ops this run sweeps (their launch configurations may change)
+retime_ops() { local o="${BENCH_RETIME:-}"; want sweep && o="${o:+$o,}${SWEEP_OPS:-$SWEEP_ALL}"; echo "$o"; }
+# bench_resume: harness bench's --resume for the earlier run's timings, if there are any (with --retime)
+bench_resume() {
+  [ -n "$RESUME" ] && [ -s "$RESUME/bench.jsonl" ] || return 0
+  local r; r=$(retime_ops); echo "--resume $RESUME/bench.jsonl${r:+ --retime $r}"
+}
+# drop_retimed FILE: FILE without the timing records of the retimed ops (the new ones replace them)
+drop_retimed() {
+  local r; r=$(retime_ops); [ -n "$r" ] && [ -s "$1" ] || return 0
+  python3 - "$1" "$r" <<'PY'
+import json, os, sys
+path, ops = sys.argv[1], set(sys.argv[2].split(","))
+keep = []
+for ln in open(path):
+    try:
+        rec = json.loads(ln)
+    except ValueError:
+        continue  # a line cut by a time limit
+    if not (rec.get("kind") == "timing" and rec.get("op") in ops):
+        keep.append(json.dumps(rec) + "\n")
+with open(path + ".tmp", "w") as f:
+    f.writelines(keep)
+os.replace(path + ".tmp", path)
+PY
+}
 
 for s in ${STEPS//,/ }; do
   case "$s" in
@@ -233,6 +259,7 @@ PY
       --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
   fi
   log "bench: harness bench exit $rc"
+  [ -n "$RESUME" ] && [ -s "$LOGS/bench.jsonl" ] && drop_retimed "$DIR/bench.jsonl"
   place bench.jsonl
   note bench $rc $(( $(date +%s) - t ))
   mkdir -p "$LOGS/ext"
@@ -316,8 +343,8 @@ want tp && step_tp
 if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   # nothing to check: both GPUs time
   export QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1
-  export -f pin sweep_one halves limit left
-  export LOGS T0 BUDGET DEVICE SWEEP_S SWEEP_ARGS
+  export -f pin sweep_one halves limit left want retime_ops bench_resume
+  export LOGS T0 BUDGET DEVICE SWEEP_S SWEEP_ARGS SWEEP_ALL STEPS RESUME
   run_steps sweep bench
   BENCH_SPLIT=0 run_steps throughput
 elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
@@ -330,7 +357,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   wait
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves bench_resume
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
   export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &

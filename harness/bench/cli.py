@@ -58,6 +58,9 @@ def _add_op_args(p, *, op_help: str = "op(s) to time (comma-separated, repeatabl
     p.add_argument("--resume", default=None, metavar="RECORDS",
                    help="a records file of an earlier (cut) run: the cases it times without an error are not "
                         "timed again (the copy roofline always is)")
+    p.add_argument("--retime", default=None, metavar="OP[,OP]",
+                   help="with --resume: time these ops' cases again although the records time them (after a sweep "
+                        "changed their launch configurations; every implementation of the op, side by side)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default 1 on the CPU: tiny shapes time more stably on one thread)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -180,7 +183,12 @@ def _run_ops(args, device: str, *, peers: bool = False) -> int:
             print(f"harness bench: --resume: expected a records file, got {args.resume!r} (no such file)",
                   file=sys.stderr)
             return 2
-        done = timed_cases(args.resume)
+        retime = check_names("--retime", split_names([args.retime]) if args.retime else None, valid_ops) or ()
+        done = timed_cases(args.resume, retime=retime)
+    elif args.retime:
+        print("harness bench: --retime: expected with --resume RECORDS (without it every case is timed)",
+              file=sys.stderr)
+        return 2
     if args.list:
         cases, skipped = build_cases(device, impls=impls, ops=ops, dtypes=dtypes, cuda_graph=cuda_graph,
                                      max_tokens=args.max_tokens, done=done)

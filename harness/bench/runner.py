@@ -73,12 +73,13 @@ def case_key(bench: str, dtype: str, shape: dict) -> tuple:
     return bench, dtype, tuple(sorted((str(k), str(v)) for k, v in (shape or {}).items()))
 
 
-def timed_cases(path: str) -> set:
-    """The case keys a records file times without an error (a torn last line is ignored)."""
+def timed_cases(path: str, retime=()) -> set:
+    """The case keys a records file times without an error (a torn last line is ignored), but those of the
+    ops in `retime`."""
     from harness.records import read_records
     return {case_key(r.get("bench"), r.get("dtype"), r.get("shape")) for r in read_records(path, ["timing"],
                                                                                            on_torn=lambda _: None)
-            if not r.get("error")}
+            if not r.get("error") and r.get("op") not in retime}
 
 
 def build_cases(device: str, *, impls=None, ops=None, dtypes=None, cuda_graph: bool = False,

@@ -99,6 +99,17 @@ def test_bench_resume_times_what_a_cut_run_left(tmp_path, capsys):
     assert "nothing left" in capsys.readouterr().out
     assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--resume", str(tmp_path / "none.jsonl"),
                  *QUICK]) == 2
+    # --retime: the named ops' cases are timed again although the file times them; it needs --resume and op names
+    retimed = tmp_path / "retimed.jsonl"
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--impl", "torch", *QUICK,
+                 "--resume", str(first), "--retime", "gated_rms_norm", "--out", str(retimed)]) == 0
+    assert [(r["op"], r["shape"]) for r in timings(retimed)] == [("copy", timed[0]["shape"])] + \
+        [("gated_rms_norm", s) for s in shapes]
+    capsys.readouterr()
+    assert main(["bench", "--device", "cpu", "--op", "gated_rms_norm", "--retime", "gated_rms_norm", *QUICK]) == 2
+    assert "--retime: expected with --resume" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--resume", str(first), "--retime", "nosuch", *QUICK]) != 0
+    assert "--retime" in capsys.readouterr().err
 
 
 def test_bench_peers_runs_ours_next_to_the_peers(tmp_path, capsys):
