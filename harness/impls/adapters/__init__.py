@@ -57,6 +57,25 @@ def host_reads_ok() -> bool:
     return index_checks_on()
 
 
+# The fla lineage's chunked KDA (fla-core's chunk_kda and the copies SGLang and vLLM carry) factors each pairwise
+# decay exp(G_i - G_j) inside a 16-token sub-chunk into exp(G_i - C) * exp(C - G_j) around a reference point C.
+# fla-core bounds those factors for per-token log-decays in [-5, 0] (the lower bound of its "safe gate"); much
+# stronger decays overflow the fp32 factors (fla-core) or clamp them (SGLang), and pairwise decays that should
+# vanish come out near 1 (docs/findings.md).
+KDA_CHUNK_GATE_FLOOR = -5.0
+
+
+def require_kda_gate_floor(g, who: str, floor: float = KDA_CHUNK_GATE_FLOOR) -> None:
+    """Decline (NotImplementedError, naming the limit) a chunked KDA call whose log-decays g go below `floor`
+    anywhere. A host read of min(g): skipped inside `no_index_checks()` (see `host_reads_ok`)."""
+    if g.numel() and host_reads_ok():
+        lo = float(g.min())
+        if lo < floor:
+            raise NotImplementedError(
+                f"{who}: per-token log-decays g >= {floor:g} only (the fla lineage factors the decays of a "
+                f"16-token sub-chunk around one point; fla-core's safe-gate bound), got min g = {lo:.4g}")
+
+
 def no_live_rows(indices, pad_slot_id, pool) -> bool:
     """A decode batch with no live row: no rows at all, an empty pool (only pads can name none of its slots),
     or pads only where the host may read the indices. Inside `no_index_checks()` a batch of pads only is not

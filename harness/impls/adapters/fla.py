@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from harness import ops as C
-from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows, scatter_slots,
-                                    unavailable_reason)
+from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows,
+                                    require_kda_gate_floor, scatter_slots, unavailable_reason)
 from harness.impls.adapters._source import PeerWheels
 from harness.impls.registry import Impl, register
 
@@ -105,6 +105,9 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
 
 def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
                use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    C.validate_kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                          scale=scale, use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    require_kda_gate_floor(g, "fla chunk_kda")
     return _varlen(lambda *a, **kw: import_peer(_KDA).chunk_kda(*a, **kw), C.validate_kda_varlen, q, k, v, g,
                    beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
                    pad_slot_id, out)

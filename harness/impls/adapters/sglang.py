@@ -84,7 +84,7 @@ import torch
 from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows, no_live_rows,
-                                    scatter_slots, unavailable_reason, zero_pad_tokens)
+                                    require_kda_gate_floor, scatter_slots, unavailable_reason, zero_pad_tokens)
 from harness.impls.adapters._sglang_stubs import STUBS
 from harness.impls.adapters._source import PeerSource
 from harness.impls.registry import Impl, register
@@ -467,6 +467,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     _on_gpu(q, "chunk_kda")
     if q.dtype == torch.float64:
         raise NotImplementedError("sglang chunk_kda: no float64")
+    require_kda_gate_floor(g, "sglang chunk_kda")
     return _delta_varlen("kda", q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
                          scale, use_qk_l2norm, pad_slot_id, out)
 
