@@ -224,6 +224,20 @@ def _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV: 
 
 
 @triton.jit
+def _prep_w_kg(X, kt, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmask, sw0, sw1, skg0, skg1,
+               ACC: tl.constexpr, TPREC: tl.constexpr, STORE_KG: tl.constexpr):
+    """Columns kc of w = T (beta exp(G) k) and, with STORE_KG (the "parallel" pipeline), of the update keys
+    kg = exp(G_last - G) k, from those columns of k (kt) and X = T."""
+    m2 = valid[:, None] & kmask[None, :]
+    if STORE_KG:
+        kg = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
+        tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kc[None, :], kg.to(kg_ptr.dtype.element_ty), mask=m2)
+    kb = (bt * tl.exp(G))[:, None] * kt
+    w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
+    tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kc[None, :], w.to(w_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, tok, rows,
                       valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1,
                       sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
@@ -257,14 +271,8 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
         kc = k0 + tl.arange(0, KB)
         kmb = kc < K
         kt = _load_qk_block(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
-        if not STORE_AQK:
-            kg = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
-            tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kc[None, :], kg.to(kg_ptr.dtype.element_ty),
-                     mask=valid[:, None] & kmb[None, :])
-        kb = (bt * tl.exp(G))[:, None] * kt
-        w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
-        tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kc[None, :], w.to(w_ptr.dtype.element_ty),
-                 mask=valid[:, None] & kmb[None, :])
+        _prep_w_kg(X, kt, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmb, sw0, sw1, skg0, skg1, ACC, TPREC,
+                   not STORE_AQK)
     _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
 
@@ -308,15 +316,9 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
             qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
             tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
                      mask=valid[:, None])
-        else:
-            g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
-            kg = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
-            tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], kg.to(kg_ptr.dtype.element_ty),
-                     mask=valid[:, None] & km[None, :])
-        kb = (bt * tl.exp(G))[:, None] * kt
-        w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
-        tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], w.to(w_ptr.dtype.element_ty),
-                 mask=valid[:, None] & km[None, :])
+        g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+        _prep_w_kg(X, kt, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kcol, km, sw0, sw1, skg0, skg1, ACC, TPREC,
+                   not STORE_AQK)
         _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
 
