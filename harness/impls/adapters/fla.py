@@ -103,14 +103,19 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
                    use_qk_l2norm, pad_slot_id, out)
 
 
+def validate_kda_chunk(who: str):
+    """The contract's kda_varlen validator, then the fla lineage's gate floor (`require_kda_gate_floor`)."""
+    def validate(q, k, v, g, *rest, **kw):
+        C.validate_kda_varlen(q, k, v, g, *rest, **kw)
+        require_kda_gate_floor(g, who)
+    return validate
+
+
 def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
                use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    C.validate_kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
-                          scale=scale, use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
-    require_kda_gate_floor(g, "fla chunk_kda")
-    return _varlen(lambda *a, **kw: import_peer(_KDA).chunk_kda(*a, **kw), C.validate_kda_varlen, q, k, v, g,
-                   beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
-                   pad_slot_id, out)
+    return _varlen(lambda *a, **kw: import_peer(_KDA).chunk_kda(*a, **kw), validate_kda_chunk("fla chunk_kda"),
+                   q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
+                   use_qk_l2norm, pad_slot_id, out)
 
 
 def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,

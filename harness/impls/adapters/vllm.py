@@ -88,10 +88,10 @@ import torch
 from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, no_live_rows,
-                                    require_kda_gate_floor, unavailable_reason, zero_pad_tokens)
+                                    unavailable_reason, zero_pad_tokens)
 from harness.impls.adapters._source import PeerSource
 from harness.impls.adapters._vllm_stubs import STUBS
-from harness.impls.adapters.fla import _gather, _scatter, _varlen
+from harness.impls.adapters.fla import _gather, _scatter, _varlen, validate_kda_chunk
 from harness.impls.registry import Impl, register
 from harness.impls.triton._common import has_gpu, interpreting
 
@@ -425,11 +425,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
 
 def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
                use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    C.validate_kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
-                          scale=scale, use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
-    require_kda_gate_floor(g, "vllm chunk_kda")
-    return _varlen(_chunked(lambda: import_peer(_KDA_OPS).chunk_kda), C.validate_kda_varlen, q, k, v, g, beta,
-                   ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
+    return _varlen(_chunked(lambda: import_peer(_KDA_OPS).chunk_kda), validate_kda_chunk("vllm chunk_kda"), q, k,
+                   v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale, use_qk_l2norm,
                    pad_slot_id, out)
 
 
