@@ -265,10 +265,8 @@ def _test_ops(item, names: set) -> set:
 def _assertion_failure(rec: dict) -> bool:
     """An outcome line of a test that failed on an assertion (a comparison's verdict), not on an error, a
     crash or a lost CUDA context."""
-    why = rec.get("why") or ""
-    return rec.get("outcome") == "failed" and not why.startswith("CUDA context lost") and \
-        bool(re.match(r"^E\s+(AssertionError|harness\.scenarios\.Mismatch)\b", why) or
-             re.match(r"^(AssertionError|harness\.scenarios\.Mismatch)\b", why))
+    return rec.get("outcome") == "failed" and \
+        re.match(r"(E\s+)?(AssertionError|harness\.scenarios\.Mismatch)\b", rec.get("why") or "") is not None
 
 
 def finished_tests(paths, skip_failed: bool = False) -> set[str]:

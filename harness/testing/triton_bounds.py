@@ -75,11 +75,7 @@ def install() -> str | None:
 
     def init_args(self, args_dev, kwargs):
         args_hst, kwargs_hst = init(self, args_dev, kwargs)
-        import inspect
-        try:
-            names = inspect.getfullargspec(self.fn).args
-        except TypeError:
-            names = []
+        names = list(getattr(self, "arg_names", ()))
         named = [(names[i] if i < len(names) else f"args[{i}]", a) for i, a in enumerate(args_hst)]
         _STATE["ranges"] = _storage_ranges(named + list(kwargs_hst.items()))
         _STATE["kernel"] = getattr(self.fn, "__name__", repr(self.fn))
