@@ -270,11 +270,11 @@ def profile_launches(fns: Sequence[Callable[[], object]] | Callable[[], object],
         synchronize(device)
     per: dict[str, list] = {}
     for e in prof.events():
-        # (FunctionEvent has no activity_type before torch 2.12)
+        # (FunctionEvent has no activity_type nor is_python_function before torch 2.12)
         if getattr(e, "is_user_annotation", False) or "annotation" in str(getattr(e, "activity_type", "") or ""):
             continue
         if kind == "cpu":
-            if e.device_type != DeviceType.CPU or e.is_async or e.is_python_function:
+            if e.device_type != DeviceType.CPU or e.is_async or getattr(e, "is_python_function", False):
                 continue
             us = e.self_cpu_time_total
         else:

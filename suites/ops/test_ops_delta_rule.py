@@ -302,6 +302,23 @@ def test_float64_inputs_compute_in_float64(impl, device, check):
                 dtype=torch.float64)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_gdn_half_l2norm_narrow_values(impl, dtype, device, check):
+    """The minimal GDN case that once lost the CUDA context on an H200 (Triton 3.6 compiled the output
+    launch's one-pass l2 normalisation of whole (C, K) tiles to an out-of-range shared-memory address at
+    half inputs, K = 64, five value columns): two requests of 5 and 1 tokens, GQA 2 -> 4 heads, l2norm,
+    scale 0.25, decays down to -30, the first request from zeros, the second from its slot."""
+    op = op_of(impl, "gdn", "varlen", dtype)
+    lengths, Hk, H, K, V = [5, 1], 2, 4, 64, 5
+    q, k, v, g, beta = activations("gdn", gen(6588), sum(lengths), Hk, H, K, V, dtype, device, True, True)
+    args = [q, k, v, g, beta, make_pool(3, (H, V, K), torch.float32, device, seed=6588),
+            cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32, device=device),
+            torch.tensor([False, True], device=device)]
+    run_case(check, "gdn", op, oracle_varlen, args, dict(scale=0.25, use_qk_l2norm=True),
+             pool_pos=5, live_slots=[0, 2], y_mask=token_mask(lengths, [0, 2]), dtype=dtype, seed=6588,
+             shapes=dict(lengths=lengths, K=K, V=V), impl=impl)
+
+
 # ----------------------------------------------------------------------------------------------
 # bad input
 

@@ -25,9 +25,11 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
    It loads q and k and l2-normalises them itself: that is a row reduction over a (C, K) tile, small beside
    the (C, C, K) and (C, BV, K) dots of the same program, while storing normalised copies once per key head
    would cost a write and a read of two (T, Hk, K) tensors and, for half inputs, round q twice (once stored,
-   again after the exp(G) factor) instead of once. With CONFIG["out_bk"] (a key block narrower than K) it
-   walks K in blocks instead of holding whole (C, K) q and k tiles: a first pass sums the rows' squares for
-   the l2 norms, a second accumulates q k^T and (exp(G) q) S_c^T block by block (less live state).
+   again after the exp(G) factor) instead of once. It walks K in blocks of CONFIG["out_bk"] columns (0: the
+   whole width as one block): a first pass sums the rows' squares for the l2 norms, a second accumulates
+   q k^T and (exp(G) q) S_c^T block by block. (Normalising whole (C, K) tiles in the registers they are
+   loaded into, in one pass, is what Triton 3.6 compiles wrongly for sm_90 at half inputs with K <= 64 and
+   at most 8 value columns: an out-of-range shared-memory address, docs/findings.md.)
 
 "scan": two launches (the prep as above but storing Aqk = lower(q_i . k_j exp(G_i - G_j)) (C, C, diagonal
 included) in place of kg; then `_gdn_scan_kernel`, one program per (sequence, value head, BV value rows),
@@ -442,11 +444,12 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
                     S, HPK, K, V, pad_id, scale_hi, scale_lo,
                     sq0, sq1, sq2, sk0, sk1, sk2, svn0, svn1, sgc0, sgc1, sh0, sh1, sh2, so0, so1, so2,
                     s_qsl, s_idx,
-                    CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, BLOCK_S: tl.constexpr,
+                    CH: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, BLOCK_S: tl.constexpr,
                     L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
                     SDOT: tl.constexpr, SPREC: tl.constexpr):
-    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request. KB < BK:
-    the key dimension in blocks of KB columns (two passes over q and k: row norms, then the dots)."""
+    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request. The key
+    dimension in blocks of KB columns (one block when KB covers K): a pass over q and k for the rows' norms,
+    then the dots block by block."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -461,51 +464,25 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
         o = tl.zeros((CH, BV), dtype=ACC)
         if tl.load(idx_ptr + seq * s_idx).to(tl.int64) != pad_id:
             hk = h // HPK
-            kcol = tl.arange(0, BK)
-            km = kcol < K
             scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
-            if KB < BK:
-                G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
-                vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
-                # row norms first (the blocks of one row all need its norm), then both dots block by block
-                nq = tl.zeros((CH,), dtype=ACC)
-                nk = tl.zeros((CH,), dtype=ACC)
-                if L2NORM:
-                    for k0 in range(0, K, KB):
-                        kc = k0 + tl.arange(0, KB)
-                        xq = _load_qk(q_ptr, tok, hk, valid, kc, kc < K, sq0, sq1, sq2, 1.0, ACC, False)
-                        xk = _load_qk(k_ptr, tok, hk, valid, kc, kc < K, sk0, sk1, sk2, 1.0, ACC, False)
-                        nq += tl.sum(xq * xq, 1)
-                        nk += tl.sum(xk * xk, 1)
-                nq = tl.sqrt(nq + _L2EPS)
-                nk = tl.sqrt(nk + _L2EPS)
-                eg = tl.exp(G)
-                qk = tl.zeros((CH, CH), dtype=ACC)
-                for k0 in range(0, K, KB):
-                    kc = k0 + tl.arange(0, KB)
-                    kmb = kc < K
-                    qb = _load_qk(q_ptr, tok, hk, valid, kc, kmb, sq0, sq1, sq2, 1.0, ACC, False)
-                    kb = _load_qk(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, 1.0, ACC, False)
-                    if L2NORM:
-                        qb = qb / nq[:, None]
-                        kb = kb / nk[:, None]
-                    qb = qb * scale
-                    qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
-                    hsb = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kc[None, :],
-                                  mask=vm[:, None] & kmb[None, :], other=0.0)  # (BV, KB)
-                    qe = tl.where(valid[:, None], qb * eg[:, None], 0.0)
-                    o += tl.dot(qe.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
-                qk = qk * dec
-            else:
-                qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
-                kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
-                G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
-                qk = tl.dot(qt.to(DOT), tl.trans(kt.to(DOT)), input_precision=PREC, out_dtype=ACC) * dec
-                vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
-                hst = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :],
-                              mask=vm[:, None] & km[None, :], other=0.0)  # (BV, BK)
-                qe = tl.where(valid[:, None], qt * tl.exp(G)[:, None], 0.0)
-                o = tl.dot(qe.to(SDOT), tl.trans(hst.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+            G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
+            vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
+            # row norms first (the blocks of one row all need its norm), then both dots block by block
+            nq = _row_norms(q_ptr, tok, hk, valid, K, sq0, sq1, sq2, CH, KB, ACC, L2NORM)
+            nk = _row_norms(k_ptr, tok, hk, valid, K, sk0, sk1, sk2, CH, KB, ACC, L2NORM)
+            eg = tl.exp(G)
+            qk = tl.zeros((CH, CH), dtype=ACC)
+            for k0 in range(0, K, KB):
+                kc = k0 + tl.arange(0, KB)
+                kmb = kc < K
+                qb = _load_qk_block(q_ptr, tok, hk, valid, kc, kmb, sq0, sq1, sq2, nq, scale, ACC, L2NORM)
+                kb = _load_qk_block(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
+                qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
+                hsb = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kc[None, :],
+                              mask=vm[:, None] & kmb[None, :], other=0.0)  # (BV, KB)
+                qe = tl.where(valid[:, None], qb * eg[:, None], 0.0)
+                o += tl.dot(qe.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+            qk = qk * dec
             o += tl.dot(qk.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
         tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
                  o.to(o_ptr.dtype.element_ty), mask=m2)
@@ -610,7 +587,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
             *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),
             hs.stride(2), *o.stride(), query_start_loc.stride(0), cache_indices.stride(0),
-            CH=CH, BK=BK, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
+            CH=CH, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
             PREC=PREC, SDOT=SDOT, SPREC=SPREC, num_warps=int(CONFIG["out_warps"]),
             num_stages=int(CONFIG["out_stages"]))
     return o
