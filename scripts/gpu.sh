@@ -140,20 +140,27 @@ bench_resume() {
   [ -n "$RESUME" ] && [ -s "$RESUME/bench.jsonl" ] || return 0
   local r; r=$(retime_ops); echo "--resume $RESUME/bench.jsonl${r:+ --retime $r}"
 }
-# drop_retimed FILE: FILE without the timing records of the retimed ops (the new ones replace them)
+# drop_retimed FILE NEW: FILE without the timing records of the retimed ops that NEW times again: an (op,
+# implementation) pair NEW has replaces FILE's records of it; the implementations a narrowed bench (BENCH_IMPLS)
+# left out keep theirs
 drop_retimed() {
-  local r; r=$(retime_ops); [ -n "$r" ] && [ -s "$1" ] || return 0
-  python3 - "$1" "$r" <<'PY'
+  local r; r=$(retime_ops); [ -n "$r" ] && [ -s "$1" ] && [ -s "$2" ] || return 0
+  python3 - "$1" "$r" "$2" <<'PY'
 import json, os, sys
-path, ops = sys.argv[1], set(sys.argv[2].split(","))
-keep = []
-for ln in open(path):
-    try:
-        rec = json.loads(ln)
-    except ValueError:
-        continue  # a line cut by a time limit
-    if not (rec.get("kind") == "timing" and rec.get("op") in ops):
-        keep.append(json.dumps(rec) + "\n")
+path, ops, new = sys.argv[1], set(sys.argv[2].split(",")), sys.argv[3]
+
+
+def records(p):
+    for ln in open(p):
+        try:
+            yield json.loads(ln)
+        except ValueError:
+            continue  # a line cut by a time limit
+
+
+timed = {(r.get("op"), r.get("impl")) for r in records(new) if r.get("kind") == "timing"}
+keep = [json.dumps(r) + "\n" for r in records(path)
+        if not (r.get("kind") == "timing" and r.get("op") in ops and (r.get("op"), r.get("impl")) in timed)]
 with open(path + ".tmp", "w") as f:
     f.writelines(keep)
 os.replace(path + ".tmp", path)
@@ -259,7 +266,7 @@ PY
       --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
   fi
   log "bench: harness bench exit $rc"
-  [ -n "$RESUME" ] && [ -s "$LOGS/bench.jsonl" ] && drop_retimed "$DIR/bench.jsonl"
+  [ -n "$RESUME" ] && [ -s "$LOGS/bench.jsonl" ] && drop_retimed "$DIR/bench.jsonl" "$LOGS/bench.jsonl"
   place bench.jsonl
   note bench $rc $(( $(date +%s) - t ))
   mkdir -p "$LOGS/ext"

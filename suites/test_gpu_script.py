@@ -28,3 +28,29 @@ def test_help_names_the_lanes_and_resume():
     r = _gpu_sh("--help")
     assert r.returncode == 0
     assert "--gpus" in r.stdout and "--resume" in r.stdout and "tp" in r.stdout
+
+
+def test_resumed_bench_replaces_only_the_records_it_timed_again(tmp_path):
+    """A resumed bench that times an op again (BENCH_RETIME) drops the old records of the (op, implementation)
+    pairs the new file has, and only those: implementations a narrowed bench (BENCH_IMPLS) left out, other
+    ops and non-timing lines stay."""
+    import json
+    import os
+    old, new = tmp_path / "bench.jsonl", tmp_path / "new.jsonl"
+
+    def rec(op, impl, ms):
+        return json.dumps(dict(kind="timing", op=op, impl=impl, ms_p50=ms))
+    old.write_text("\n".join([rec("a", "triton", 1), rec("a", "vllm", 2), rec("b", "triton", 3), '{"kind": "env"}',
+                              '{"kind": "tim']) + "\n")
+    new.write_text(rec("a", "triton", 9) + "\n")
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    retime = next(ln for ln in src.splitlines() if ln.startswith("retime_ops() "))  # a one-line function
+    drop = src[src.index("\ndrop_retimed() {") + 1:]
+    drop = drop[:drop.index("\n}\n") + 2]  # to the function's closing brace
+    script = f'want() {{ return 1; }}\n{retime}\n{drop}\ndrop_retimed "$1" "$2"'
+    r = subprocess.run(["bash", "-c", script, "-", str(old), str(new)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "BENCH_RETIME": "a"})
+    assert r.returncode == 0, r.stderr
+    kept = [json.loads(ln) for ln in old.read_text().splitlines()]
+    assert [(k.get("kind"), k.get("op"), k.get("impl")) for k in kept] == [
+        ("timing", "a", "vllm"), ("timing", "b", "triton"), ("env", None, None)], kept
