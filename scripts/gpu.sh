@@ -12,13 +12,15 @@
 #   --steps    comma-separated subset of: env,tp,suites,bench,throughput,peers,sweep (default all but tp and
 #              sweep, in that order)
 #   --workers  pytest-xdist workers for the suites (default 8)
-#   --gpus     1 (default) runs the steps one after the other on the first GPU. 2 runs two lanes at once:
+#   --gpus     1 (default) runs the steps one after the other on the first GPU (pytest workers of the suites
+#              and peers steps take every visible GPU in turn). 2 runs two lanes at once:
 #              the timing lane (sweep, bench, throughput) on GPU 0 pinned to a quarter of the CPU cores,
 #              and the checking lane (suites, peers) on GPU 1 with the other cores, so timings are not taken
 #              beside busy test workers; the tp step runs first on both GPUs. Without suites or peers to run,
 #              the sweep and bench steps use both GPUs at once (Mamba ops on GPU 0, delta-rule and
 #              speculative ops on GPU 1, each process pinned to its own quarter of the cores); with nothing
-#              to time, the suites check on GPU 0 and the peers on GPU 1, half the cores each.
+#              to time, the suites check on GPU 0 and the peers on GPU 1, half the cores each (only one of
+#              them asked for: it checks on both GPUs, pytest worker gwN on GPU N mod 2, every core).
 #   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
 #              outcome files too): the suites and peers steps run only the tests its outcome files do not
 #              record as passed or skipped, the bench only the cases its bench.jsonl does not time (but the
@@ -64,7 +66,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8; GPUS=1; RESUME=""
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
@@ -355,13 +357,18 @@ if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   run_steps sweep bench
   BENCH_SPLIT=0 run_steps throughput
 elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
-  # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
-  ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
-  export -f pin step_suites step_peers run_steps want left limit log note place resume_args
-  export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
-  CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
-  CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
-  wait
+  if want suites && want peers; then
+    # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
+    ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
+    export -f pin step_suites step_peers run_steps want left limit log note place resume_args
+    export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
+    CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
+    CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
+    wait
+  else
+    # one checking step: its pytest workers take the GPUs in turn (worker gwN on GPU N mod 2), every core
+    run_steps suites peers
+  fi
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
   export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves bench_resume retime_ops drop_retimed
