@@ -1,4 +1,4 @@
-"""`harness` command line: run, impls, bench, gate, report, selftest.
+"""`harness` command line: run, impls, bench, gate, report, replay, selftest.
 
 Every command that runs kernels takes `--device {auto,cpu,cuda,xpu}` (default auto: cuda, else xpu, else cpu).
 Exit codes: 0 success, 1 a check/gate failed, 2 usage error or unreadable input, 4 the device asked for is
@@ -272,6 +272,16 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def _replay_args(p) -> None:
+    from harness.replay import add_args
+    add_args(p)
+
+
+def cmd_replay(args) -> int:
+    from harness.replay import main as replay_main
+    return replay_main(args)
+
+
 # name: (function, arguments, help)
 SUBCOMMANDS: dict = {
     "run": (cmd_run, _run_args, "the main job: suites, then bench and report, into a run folder (with progress)"),
@@ -282,6 +292,9 @@ SUBCOMMANDS: dict = {
                "render runs (results .jsonl, run folders, pytest-benchmark JSON) into one HTML file"),
     "bench": (cmd_bench, _bench_args,
               "kernel/model benchmarks over a shape matrix; timing records appended to a JSONL file"),
+    "replay": (cmd_replay, _replay_args,
+               "run again the op call a test left in its --outcomes line when it lost the CUDA context (alone, "
+               "under compute-sanitizer, or on the CPU with the interpreter's bounds checks)"),
     "selftest": (cmd_selftest, _selftest_args,
                  "break the engine or one component on purpose (docs/bug-classes.md variants) and require the "
                  "scenario properties or the suites to catch each (exit 1 if one escapes)"),
