@@ -61,10 +61,14 @@ def read_calls(path: str) -> list[tuple[str, dict]]:
 
 
 def pick(calls: list[tuple[str, dict]], test: str | None, path: str) -> tuple[str, dict]:
-    """The call whose label contains `test` (the only one when `test` is None)."""
+    """The call of the test named `test` (its latest, when the file has it more than once), else the one whose
+    label contains `test` (the only one when `test` is None)."""
     if not calls:
         fail("FILE", "an --outcomes file with at least one line carrying last_call (a test that lost the CUDA "
              "context), or a call description", f"{path}: none")
+    exact = [c for c in calls if c[0] == test]
+    if exact:
+        return exact[-1]  # a test run more than once (a resumed run): its latest call
     found = [c for c in calls if test is None or test in c[0]]
     if len(found) != 1:
         labels = ", ".join(label for label, _ in (found or calls))

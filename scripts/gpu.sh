@@ -38,6 +38,8 @@
 #   tp          (only when named; 2 GPUs) the tensor-parallel suite over NCCL, TP = 2 against TP = 1 for
 #               every family, ours                                                       -> results-tp.jsonl
 #   suites      pytest suites/ --device cuda --impl triton --impl torch  -> results.jsonl, outcomes.jsonl
+#               (a test that lost the CUDA context: its last op call replayed alone under compute-sanitizer,
+#               `harness replay`, into <logs>/replay-suites.txt; the peers step likewise -> replay-peers.txt)
 #   bench       harness bench --device cuda, once the peers' CUDA extensions are built: ours, the peers'
 #               adapters and the peers' own kernels (mamba_ssm's CUDA scan and Triton state update, SSD
 #               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
@@ -215,6 +217,32 @@ step_tp() {
   log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
 }
 
+# replay_faults OUTCOMES OUT: every test in OUTCOMES that lost the CUDA context has its last op call run again
+# alone (`harness replay`), under compute-sanitizer's memcheck where it is installed (it names the kernel, the
+# source line and the access), each within REPLAY_S seconds (default 120) and the budget -> OUT
+replay_faults() {
+  [ -s "$1" ] || return 0
+  local cs id; cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  python3 -c "
+import json, sys
+seen = []
+for ln in open(sys.argv[1]):
+    try:
+        r = json.loads(ln)
+    except ValueError:
+        continue
+    if isinstance(r, dict) and r.get('last_call') and r.get('nodeid') not in seen:
+        seen.append(r['nodeid'])
+print('\n'.join(seen))" "$1" | while IFS= read -r id; do
+    [ -n "$id" ] && [ "$(left)" -ge 60 ] || continue
+    echo "== $id${cs:+ (compute-sanitizer --tool memcheck)}" >> "$2"
+    timeout "$(limit ${REPLAY_S:-120})" ${cs:+$cs --tool memcheck --print-limit 4} python3 -m harness.cli replay "$1" \
+      --test "$id" >> "$2" 2>&1
+    echo "exit $?" >> "$2"
+  done
+  [ -s "$2" ] && log "replayed the calls of the tests that lost the CUDA context: $2"
+}
+
 step_suites() {
   [ "$(left)" -lt 60 ] && { log "suites: skipped (budget spent)"; return; }
   local t rc; t=$(date +%s)
@@ -224,6 +252,7 @@ step_suites() {
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
   rc=$?; place results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
   log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
+  PYTHONPATH="$OURS_PATH" replay_faults "$LOGS/outcomes.jsonl" "$LOGS/replay-suites.txt"
 }
 
 step_bench() {
@@ -301,6 +330,7 @@ step_peers() {
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
   rc=$?; place results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
+  replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
 
 SWEEP_ALL=selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec
@@ -360,7 +390,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   if want suites && want peers; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
-    export -f pin step_suites step_peers run_steps want left limit log note place resume_args
+    export -f pin step_suites step_peers run_steps want left limit log note place resume_args replay_faults
     export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
     CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
@@ -371,7 +401,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   fi
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args sweep_one halves bench_resume retime_ops drop_retimed
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args replay_faults sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
   export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &

@@ -54,3 +54,36 @@ def test_resumed_bench_replaces_only_the_records_it_timed_again(tmp_path):
     kept = [json.loads(ln) for ln in old.read_text().splitlines()]
     assert [(k.get("kind"), k.get("op"), k.get("impl")) for k in kept] == [
         ("timing", "a", "vllm"), ("timing", "b", "triton"), ("env", None, None)], kept
+
+
+def test_faulted_tests_have_their_calls_replayed(tmp_path):
+    """After the suites or peers step, each test whose outcome line carries a last op call (it lost the CUDA
+    context) has that call run again by `harness replay` (under compute-sanitizer where installed), once per
+    test, into the replay log; lines without a call are passed over."""
+    import json
+    import os
+
+    import torch
+
+    from harness.impls import registry
+    from harness.ops import SPECS
+    from harness.testing.lastcall import describe_call
+    from reference.testing import gen
+    spec = SPECS["gated_delta_rule_varlen"]
+    args, options = spec.split(spec.inputs(spec.shapes["contract"][0], torch.float32, "cpu", gen(0)))
+    desc = describe_call(spec.name, registry.get("torch").op(spec.name), args, options)
+    outcomes, log = tmp_path / "outcomes.jsonl", tmp_path / "replay.txt"
+    lines = [{"nodeid": "suites/a.py::test_f[x y]", "outcome": "failed", "last_call": desc},
+             {"nodeid": "suites/a.py::test_f[x y]", "outcome": "failed", "last_call": desc},
+             {"nodeid": "suites/a.py::test_g", "outcome": "failed", "why": "AssertionError"}]
+    outcomes.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    fn = src[src.index("\nreplay_faults() {") + 1:]
+    fn = fn[:fn.index("\n}\n") + 2]
+    script = f'left() {{ echo 999; }}\nlimit() {{ echo "$1"; }}\nlog() {{ :; }}\n{fn}\nreplay_faults "$1" "$2"'
+    r = subprocess.run(["bash", "-c", script, "-", str(outcomes), str(log)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"]})
+    assert r.returncode == 0, r.stderr
+    text = log.read_text()
+    assert text.count("== suites/a.py::test_f[x y]") == 1 and "test_g" not in text, text
+    assert "replaying gated_delta_rule_varlen by" in text and "returned torch.float32" in text and "exit 0" in text, text
