@@ -23,6 +23,11 @@ Conventions for every op
   leaves them unwritten (a reused buffer's stale values, NaN) corrupts later layers: the op suites
   poison `out=` with NaN and require the pad rows to be 0 afterwards. Slots not named by the batch are
   left bit-for-bit unchanged.
+* Strided inputs: every tensor argument may be a strided view, not only the pools -- engines hand over
+  views of one projection's output (x and z as the two halves of in_proj's (T, 2*D) output, row stride
+  2*D; Mamba-2's x, B and C from one conv output; GDN's q, k and v from one qkv projection).
+  Implementations address their inputs through the strides (or copy), never as contiguous rows
+  (`suites/ops/test_ops_strided_inputs.py`).
 * `out=`: an optional preallocated output (suites poison it with NaN before the call); the op writes
   into it and returns it. Without `out`, a new tensor is returned.
 * Inputs are read-only: an op writes only its state pool (`*_states`, the named slots) and `out=`.

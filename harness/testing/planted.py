@@ -129,6 +129,32 @@ def global_grid_ssd(base, exp_before_mask: bool = False):
     return dataclasses.replace(base, name=f"{base.name}[{tag}]", ops={**base.ops, "ssd_varlen": ssd_varlen})
 
 
+def contiguous_rows(base):
+    """`base` whose ops read every tensor argument but the pool and `out=` as if its rows were contiguous
+    (a kernel addressing row t at `base + t * row`): a row-strided view — x and z as the two halves of one
+    projection's output — is read from the view's first element on, straight through the neighbouring
+    columns; contiguous inputs are read right (bug class 23)."""
+    def wrap(op, fn):
+        sp = SPECS[op]
+
+        def read_as_contiguous(name, t):
+            if name in (sp.pool, "out") or not isinstance(t, torch.Tensor) or t.dim() < 2 or t.is_contiguous():
+                return t
+            strides, acc = [], 1
+            for n in reversed(t.shape):
+                strides.insert(0, acc)
+                acc *= n
+            return t.as_strided(t.shape, strides)  # from the view's own first element
+
+        def call(*args, **kwargs):
+            names = list(sp.args) + [f"args[{i}]" for i in range(len(sp.args), len(args))]
+            return fn(*[read_as_contiguous(n, a) for n, a in zip(names, args)],
+                      **{k: read_as_contiguous(k, v) for k, v in kwargs.items()})
+        return call
+    return dataclasses.replace(base, name=f"{base.name}[contiguous rows assumed]",
+                               ops={name: wrap(name, fn) for name, fn in base.ops.items()})
+
+
 def _torch():
     from harness.impls import registry
     return registry.get("torch")
@@ -145,6 +171,10 @@ def torch_shared_workspace():
 
 def torch_dt_in_place():
     return dt_in_place(_torch())
+
+
+def torch_contiguous_rows():
+    return contiguous_rows(_torch())
 
 
 def torch_restarts_at_tiles():

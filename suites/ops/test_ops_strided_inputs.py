@@ -1,0 +1,89 @@
+"""Op contract: tensor arguments may be strided views (harness.ops, "Strided inputs"). Engines hand kernels
+views of one projection's output: the Mamba mixers split in_proj's (T, 2·D) output into x and z (row stride
+2·D, z starting D elements in), Mamba-2's x, B and C come out of one conv output, GDN's q, k and v out of one
+qkv projection. A kernel that takes a row as `base + t * D` reads the neighbouring columns there — another
+tensor's values, silently — while every suite that builds its inputs with `torch.randn` hands it contiguous
+rows and passes.
+
+For every op (each spec's contract variants and its first `cpu` benchmark shape) and implementation: the op
+runs once on the inputs as built and once with every floating-point tensor argument of two or more dims but
+the pool (its layouts are the pool suites' business) replaced by a view of a wider buffer — rows twice as far
+apart, every other argument starting half a row in — each call with its own copy of the pool. Outputs and
+final pools must agree to the dtype's tolerance (an implementation may take another path for strided rows,
+not other values)."""
+
+import pytest
+import torch
+
+from harness.ops import SPECS
+from harness.testing.optest import contract_variants, interp_small, require
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _cases():
+    cases = {}
+    for name, sp in SPECS.items():
+        for tag, v in contract_variants(sp):
+            cases[f"{name}/contract-{tag}"] = (sp, v, "contract")
+        cases[f"{name}/cpu-0"] = (sp, sp.shapes["cpu"][0], "cpu")
+    return cases
+
+
+CASES = _cases()
+
+
+def row_strided(t: torch.Tensor, offset: bool) -> torch.Tensor:
+    """`t`'s values in a view whose first dim strides twice the row's size (the rows of a (n, 2·row) buffer),
+    starting `row` elements into the buffer if `offset` (the second half, as z of an x|z projection)."""
+    n, row = t.shape[0], t[0].numel() if t.shape[0] else 0
+    buf = torch.full((n, 2 * row), float("nan"), dtype=t.dtype, device=t.device)
+    half = buf[:, row:] if offset else buf[:, :row]
+    view = half.as_strided(t.shape, (2 * row, *t[0].stride()) if t.dim() > 1 else (2 * row,))
+    view.copy_(t)
+    return view
+
+
+def strided_args(sp, kwargs: dict) -> tuple[dict, list[str]]:
+    """kwargs with every floating-point tensor of two or more dims but the pool and `out` as a row-strided
+    view (alternately offset), and the names replaced."""
+    out, names = dict(kwargs), []
+    for name in sp.args:
+        t = kwargs.get(name)
+        if (name == sp.pool or not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() < 2
+                or not t.is_contiguous() or t.shape[0] == 0):
+            continue
+        out[name] = row_strided(t, offset=len(names) % 2 == 1)
+        names.append(name)
+    return out, names
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).replace("torch.", "") for d in DTYPES])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype):
+    """Every op of every implementation gives the same output and final pool for row-strided views of its
+    activations and parameters as for the contiguous tensors."""
+    sp, shape, where = CASES[case]
+    require(impl, sp.name, dtype, device)
+    if where == "cpu" and interp_small(device, impl):
+        pytest.skip("the cpu benchmark shape is too long for the Triton interpreter (minutes); the contract "
+                    "shapes cover this implementation there")
+    fn = impl.op(sp.name)
+    kwargs = sp.inputs(shape, dtype, device, torch.Generator().manual_seed(0))
+    kwargs.pop("out", None)
+    strided, names = strided_args(sp, kwargs)
+    if not names:
+        pytest.skip(f"{sp.name}: no tensor argument of two or more dims besides the pool in this case")
+    pool0 = kwargs.get(sp.pool).clone() if sp.pool else None
+    pos, opt = sp.split(kwargs)
+    y = fn(*pos, **opt)
+    if sp.pool:
+        strided[sp.pool] = pool0
+    spos, sopt = sp.split(strided)
+    ys = fn(*spos, **sopt)
+    what = f"inputs {', '.join(names)} as row-strided views"
+    check.close(f"{sp.name}.y[strided inputs]", ys, y, op=sp.name, impl=impl, dtype=dtype,
+                shapes=dict(shape, strided=names), seed=0, context=what)
+    if sp.pool:
+        check.close(f"{sp.name}.{sp.pool}[strided inputs]", pool0, kwargs[sp.pool], op=sp.name, impl=impl,
+                    dtype=dtype, shapes=dict(shape, strided=names), seed=0, context=what)
