@@ -4,6 +4,8 @@ generic check for ops that update a state pool.
 Generic pieces (usable for any op of `harness.ops`):
 * `require(impl, op, dtype, device)`: skip (with the reason) when the impl lacks the op or dtype.
 * `interp_small(device, impl)`: True when the case must stay tiny (Triton interpreter on CPU).
+* `contract_variants(sp)`, `spec_cases()`: every op's contract shapes (with and without the optional inputs)
+  and first `cpu` benchmark shape, for the suites that run every op of every implementation.
 * `randn(g, shape, dtype, device, scale)`, `rand(...)`: seeded inputs (drawn in fp32 on CPU, cast); the
   generator (`gen(seed)`), request lengths (`seqlens(..., edge_lengths=True)`: empty, one-token, odd and long
   requests) and offsets (`cu_seqlens_from(lengths, device, torch.int32)`) are reference.testing's.
@@ -70,6 +72,19 @@ def contract_variants(sp):
         variants = [sh] if sh.get("optional", True) else [sh, {**sh, "optional": True}]
         for v in variants:
             yield f"{sh.get('layout', i)}" + ("" if v.get("optional", True) is False else "-full"), v
+
+
+def spec_cases() -> dict:
+    """case id -> (spec, shape, where) for every op of harness.ops.SPECS: each contract shape as declared and
+    with every optional input present (`contract_variants`), and the spec's first `cpu` benchmark shape
+    (where = "contract" / "cpu")."""
+    from harness.ops import SPECS
+    cases = {}
+    for name, sp in SPECS.items():
+        for tag, v in contract_variants(sp):
+            cases[f"{name}/contract-{tag}"] = (sp, v, "contract")
+        cases[f"{name}/cpu-0"] = (sp, sp.shapes["cpu"][0], "cpu")
+    return cases
 
 
 def interp_small(device: str, impl) -> bool:

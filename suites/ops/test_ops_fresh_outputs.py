@@ -16,25 +16,14 @@ from harness.impls import registry
 from harness.impls.reference_impl import oracle
 from harness.ops import SPECS
 from harness.testing.checker import Checker
-from harness.testing.optest import contract_variants, interp_small, require
+from harness.testing.optest import interp_small, require, spec_cases
 from harness.testing.planted import shared_workspace
 
 DTYPES = (torch.float32, torch.bfloat16)
 CALLS = 3  # calls in a row, each on its own inputs
 
 
-def _cases():
-    """case id -> (spec, shape, where): each contract shape as declared and with every optional input
-    present, and the spec's first cpu benchmark shape."""
-    cases = {}
-    for name, sp in SPECS.items():
-        for tag, v in contract_variants(sp):
-            cases[f"{name}/contract-{tag}"] = (sp, v, "contract")
-        cases[f"{name}/cpu-0"] = (sp, sp.shapes["cpu"][0], "cpu")
-    return cases
-
-
-CASES = _cases()
+CASES = spec_cases()
 
 
 def run_fresh_outputs(check, impl, sp, shape, dtype, device, calls: int = CALLS):

@@ -15,22 +15,12 @@ not other values)."""
 import pytest
 import torch
 
-from harness.ops import SPECS
-from harness.testing.optest import contract_variants, interp_small, require
+from harness.testing.optest import interp_small, require, spec_cases
 
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _cases():
-    cases = {}
-    for name, sp in SPECS.items():
-        for tag, v in contract_variants(sp):
-            cases[f"{name}/contract-{tag}"] = (sp, v, "contract")
-        cases[f"{name}/cpu-0"] = (sp, sp.shapes["cpu"][0], "cpu")
-    return cases
-
-
-CASES = _cases()
+CASES = spec_cases()
 
 
 def row_strided(t: torch.Tensor, offset: bool) -> torch.Tensor:
