@@ -55,10 +55,11 @@ def _f64(t):
 
 
 def run_varlen_case(check, fn, impl_name, op, kind, case, *, Hk, Hv, K, V, dtype, device, layout="contiguous",
-                    pool_dtype=torch.float32, seed=0):
-    """Run the varlen op `fn` on `case` with a NaN-poisoned `out=` and judge it: `out` returned; outputs of the
-    live sequences' tokens and the live slots (final states; an empty live sequence keeps its initial state,
-    zeros without one) match the float64 reference; every other slot is bitwise unchanged."""
+                    pool_dtype=torch.float32, seed=0, l2=False, scale=None):
+    """Run the varlen op `fn` on `case` with a NaN-poisoned `out=` (and `use_qk_l2norm=l2`, `scale`) and judge
+    it: `out` returned; outputs of the live sequences' tokens and the live slots (final states; an empty live
+    sequence keeps its initial state, zeros without one) match the float64 reference; every other slot is
+    bitwise unchanged."""
     lengths, hi, slots = case
     n_tok = sum(lengths)
     q, k, v, g, beta = activations(kind, seed, n_tok, Hk, Hv, K, V, dtype, device)
@@ -74,16 +75,17 @@ def run_varlen_case(check, fn, impl_name, op, kind, case, *, Hk, Hv, K, V, dtype
             init[i] = _f64(before[s])
     ref = R.gated_delta_rule if kind == "gdn" else R.kda
     o_ref, fin = ref(_f64(q), _f64(k), _f64(v), _f64(g), _f64(beta), cu_seqlens=qsl.cpu().long(),
-                     initial_states=init)
+                     initial_states=init, scale=scale, use_qk_l2norm=l2)
     p_ref = _f64(before).clone()
     for i, s in enumerate(slots):
         if s != PAD_SLOT_ID:
             p_ref[s] = fin[i]
     out = torch.full((n_tok, Hv, V), float("nan"), dtype=dtype, device=device)
-    o = fn(q, k, v, g, beta, pool, qsl, idx, has, out=out)
+    o = fn(q, k, v, g, beta, pool, qsl, idx, has, out=out, **({"use_qk_l2norm": True} if l2 else {}),
+           **({"scale": scale} if scale is not None else {}))
     assert o is out, f"{op}: expected the op to return the `out=` tensor it was given"
     shapes = dict(lengths=lengths, has_initial_state=hi, slots=slots, Hk=Hk, Hv=Hv, K=K, V=V, layout=layout,
-                  pool_dtype=str(pool_dtype))
+                  pool_dtype=str(pool_dtype), use_qk_l2norm=l2, scale=scale)
     m = token_mask(lengths, slots)
     check.close(f"{op}.o", o.cpu()[m], o_ref[m], op=op, impl=impl_name, dtype=dtype, shapes=shapes, seed=seed)
     live = sorted(s for s in slots if s != PAD_SLOT_ID)
