@@ -8,8 +8,9 @@ slot ids, flags) by its values too, scalars as they were. This module rebuilds t
 and runs it, so the fault can be reproduced alone, under `compute-sanitizer`, or on another device
 (`--device cpu` runs a Triton kernel under the interpreter, whose bounds checks name an out-of-range access).
 
-What is rebuilt exactly: shapes, dtypes, strides (a view's addressing: a pool's slot stride, a transposed
-layout), the recorded integer and bool values, scalar options. What is not recorded, and is drawn again from
+What is rebuilt exactly: shapes, dtypes, strides and storage offsets (a view's addressing: a pool's slot
+stride, a transposed layout, z as the second half of one projection), the recorded integer and bool values,
+scalar options. What is not recorded, and is drawn again from
 `--seed`: the floating-point values. They are sampled from the values the op's own input builder gives for
 its contract case (`OpSpec.inputs`), so every argument keeps its domain (log-decays negative, write strengths
 in (0, 1), time steps positive); `out=` is filled with NaN as the suites fill it. An integer tensor too long
@@ -120,10 +121,10 @@ def rebuild(desc: dict, *, device: str | None = None, seed: int = 0):
         dtype = getattr(torch, d["dtype"], None)
         if not isinstance(dtype, torch.dtype):
             fail(f"last_call.args.{name}.dtype", "a torch dtype name", repr(d["dtype"]))
-        shape, stride = tuple(d["shape"]), tuple(d["stride"])
+        shape, stride, offset = tuple(d["shape"]), tuple(d["stride"]), int(d.get("offset", 0))
         dev = device or d.get("device", "cpu")
-        base = torch.zeros(_numel_span(shape, stride), dtype=dtype)
-        t = base.as_strided(shape, stride)
+        base = torch.zeros(offset + _numel_span(shape, stride), dtype=dtype)
+        t = base.as_strided(shape, stride, offset)
         if "values" in d:
             t.copy_(torch.tensor(d["values"], dtype=dtype).reshape(shape))
         elif dtype.is_floating_point:
@@ -145,7 +146,7 @@ def rebuild(desc: dict, *, device: str | None = None, seed: int = 0):
             vals, note = _plain_ints(name, shape, args, spec)
             t.copy_(vals.reshape(shape).to(dtype))
             notes.append(note)
-        built[name] = base.to(dev).as_strided(shape, stride) if dev != "cpu" else t
+        built[name] = base.to(dev).as_strided(shape, stride, offset) if dev != "cpu" else t
     positional = [built.pop(a) for a in spec.args if a in built]
     return op, desc.get("fn", ""), positional, built, notes
 

@@ -19,13 +19,13 @@ from reference.testing import gen
 
 def _contract_call(op: str, page_major: bool = False):
     """(fn, args, kwargs) of op's contract case through the torch implementation; the pool, if asked, as a
-    page-major view (a slot stride twice the slot's numel)."""
+    page-major view (a slot stride twice the slot's numel) starting one slot into its buffer."""
     spec = SPECS[op]
     kw = spec.inputs(spec.shapes["contract"][0], torch.float32, "cpu", gen(3))
     if page_major and spec.pool:
         p = kw[spec.pool]
-        big = torch.zeros((p.shape[0], 2 * p[0].numel()), dtype=p.dtype)
-        view = big[:, :p[0].numel()].view(p.shape)
+        big = torch.zeros((p.shape[0] + 1, 2 * p[0].numel()), dtype=p.dtype)
+        view = big[1:, :p[0].numel()].view(p.shape)
         view.copy_(p)
         kw[spec.pool] = view
     args, options = spec.split(kw)
@@ -59,6 +59,7 @@ def test_rebuilt_call_keeps_the_recorded_layout_and_values(op):
             assert t == d, name
             continue
         assert (list(t.shape), list(t.stride()), str(t.dtype)) == (d["shape"], d["stride"], "torch." + d["dtype"]), name
+        assert t.storage_offset() == d.get("offset", 0), name
         if "values" in d:
             assert t.tolist() == d["values"], name
         elif name == "out":

@@ -8,7 +8,8 @@ CUDA context").
 
 * `describe_call(op, fn, args, kwargs)`: a JSON-serialisable description of the call `fn(*args, **kwargs)`
   of op `op`: the op, the implementation function's qualified name and every argument (named by the op's
-  spec): a tensor by its shape, dtype, stride and device, and a small integer or bool tensor (at most
+  spec): a tensor by its shape, dtype, stride and device (and its storage offset, where not 0), and a small
+  integer or bool tensor (at most
   SMALL elements: lengths, offsets, slot indices) by its values too; a Python scalar, None or str as is.
 * `note_case(**fields)`: the test's own context of the calls that follow (a hypothesis example's drawn
   `shapes` and `seed`); `note_call(desc)` keeps `desc` with the case noted last as the last call;
@@ -37,6 +38,8 @@ def describe(v):
     if isinstance(v, torch.Tensor):
         d = {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""), "stride": list(v.stride()),
              "device": str(v.device)}
+        if v.storage_offset():
+            d["offset"] = v.storage_offset()  # a view starting inside its storage (a pool slice, z of x|z)
         if not (v.is_floating_point() or v.is_complex()) and v.numel() <= SMALL:
             d["values"] = v.tolist()
         return d
