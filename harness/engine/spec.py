@@ -147,12 +147,12 @@ class SpecDecodeMixin:
             return super().conv(xbc, md, conv_states)
         P = md.num_prefill_tokens
         dec = self.ops["causal_conv1d_update_spec"](
-            xbc[P:].contiguous(), conv_states, self.conv_w, self.conv_b, md.spec_query_start_loc,
+            xbc[P:], conv_states, self.conv_w, self.conv_b, md.spec_query_start_loc,
             md.spec_state_indices, md.num_accepted_tokens, activation="silu")
         if not md.num_prefills:
             return dec
         pre = self.ops["causal_conv1d_varlen"](
-            xbc[:P].contiguous(), self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
+            xbc[:P], self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
             md.prefill_state_indices, md.prefill_has_initial_states, activation="silu")
         return torch.cat([pre, dec])
 

@@ -143,11 +143,11 @@ class EngineMixer:
         parts = []
         if md.num_prefills:
             parts.append(self.ops["causal_conv1d_varlen"](
-                xbc[:P].contiguous(), self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
+                xbc[:P], self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
                 md.prefill_state_indices, md.prefill_has_initial_states, activation="silu"))
         if md.num_decodes:
             parts.append(self.ops["causal_conv1d_update"](
-                xbc[P:].contiguous(), conv_states, self.conv_w, self.conv_b, md.decode_state_indices,
+                xbc[P:], conv_states, self.conv_w, self.conv_b, md.decode_state_indices,
                 activation="silu"))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 

@@ -72,15 +72,14 @@ class GDNMixer(EngineMixer):
         Hk, Hv, K, V = self.Hk, self.Hv, cfg.head_k_dim, cfg.head_v_dim
         qkv, z = torch.split(linear(h, self.qkvz_w), [2 * Hk * K + Hv * V, Hv * V], dim=-1)
         b, a = torch.split(linear(h, self.ba_w), [Hv, Hv], dim=-1)
-        qkv = self.conv(qkv.contiguous(), md, conv_states)
+        qkv = self.conv(qkv, md, conv_states)  # qkv, z, then q, k, v: views (the ops take strided inputs)
         q, k, v = torch.split(qkv, [Hk * K, Hk * K, Hv * V], dim=-1)
         g = (self.A * F.softplus(a.to(self._pdt) + self.dt_bias)).to(self.dtype).contiguous()
         beta = torch.sigmoid(b.to(self._pdt)).to(self.dtype).contiguous()
         o = delta_step(self.ops, "gated_delta_rule_varlen", "gated_delta_rule_update", md,
-                       q.reshape(T, Hk, K).contiguous(), k.reshape(T, Hk, K).contiguous(),
-                       v.reshape(T, Hv, V).contiguous(), g, beta, ssm_states)
+                       q.reshape(T, Hk, K), k.reshape(T, Hk, K), v.reshape(T, Hv, V), g, beta, ssm_states)
         y = self.ops["gated_rms_norm"](o.reshape(T, Hv * V).to(self.dtype).contiguous(), self.norm_w,
-                                       z.contiguous(), eps=float(cfg.norm_eps), group_size=V, norm_before_gate=True)
+                                       z, eps=float(cfg.norm_eps), group_size=V, norm_before_gate=True)
         return self.out_proj(y)
 
 

@@ -58,7 +58,7 @@ class KDAMixer(EngineMixer):
         cfg = self.cfg
         T, H, D = h.shape[0], self.H, cfg.head_dim
         qkv = self.conv(linear(h, self.qkv_w).contiguous(), md, conv_states)
-        q, k, v = (x.reshape(T, H, D).contiguous() for x in torch.split(qkv, [H * D] * 3, dim=-1))
+        q, k, v = (x.reshape(T, H, D) for x in torch.split(qkv, [H * D] * 3, dim=-1))  # views
         f = linear(linear(h, self.fa_w), self.fb_w).reshape(T, H, D).to(self._pdt)
         g = (self.A * F.softplus(f + self.dt_bias)).to(self.dtype).contiguous()
         beta = torch.sigmoid(linear(h, self.b_w).to(self._pdt)).to(self.dtype).contiguous()

@@ -45,13 +45,12 @@ class Mamba1Mixer(SpecDecodeMixin, EngineMixer):
         Dm, N, R = self.local(cfg.d_inner), cfg.d_state, cfg.dt_rank
         P = md.num_prefill_tokens
         xz = linear(h, self.in_w, self.in_b)
-        x, z = xz[:, :Dm].contiguous(), xz[:, Dm:].contiguous()
+        x, z = xz[:, :Dm], xz[:, Dm:]  # views: the ops take strided inputs (harness.ops)
         x = self.conv(x, md, conv_states)
         x_dbl = self.tp.all_reduce(x @ self.x_proj.t())  # row parallel
         dt_low, B, C = self.norm_ssm_inputs(*torch.split(x_dbl, [R, N, N], dim=-1))
         dt = (dt_low @ self.dt_proj.t()).contiguous()
-        B = B.unsqueeze(1).contiguous()
-        C = C.unsqueeze(1).contiguous()
+        B, C = B.unsqueeze(1), C.unsqueeze(1)
         ys = []
         if md.num_prefills:
             ys.append(self.ops["selective_scan_varlen"](
@@ -75,7 +74,7 @@ class FalconMambaMixer(Mamba1Mixer):
 
     def falcon_norm(self, t: torch.Tensor, ones: torch.Tensor) -> torch.Tensor:
         """Falcon-Mamba's weightless RMSNorm of B / C / dt_low with eps = cfg.mixer_rms_eps (patchable)."""
-        return self.ops["gated_rms_norm"](t.contiguous(), ones, None, eps=float(self.cfg.mixer_rms_eps))
+        return self.ops["gated_rms_norm"](t, ones, None, eps=float(self.cfg.mixer_rms_eps))
 
     def norm_ssm_inputs(self, dt_low, B, C):
         return (self.falcon_norm(dt_low, self._ones_dt), self.falcon_norm(B, self._ones_n),

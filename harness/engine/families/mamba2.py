@@ -49,12 +49,9 @@ class Mamba2Mixer(SpecDecodeMixin, EngineMixer):
         P = md.num_prefill_tokens
         zxbcdt = linear(h, self.in_w, self.in_b)
         z, xBC, dt = torch.split(zxbcdt, [Di, Di + 2 * G * N, H], dim=-1)
-        z, dt = z.contiguous(), dt.contiguous()
-        xBC = self.conv(xBC.contiguous(), md, conv_states)
+        xBC = self.conv(xBC, md, conv_states)  # z, xBC, dt, then x, B, C: views (the ops take strided inputs)
         x, B, C = torch.split(xBC, [Di, G * N, G * N], dim=-1)
-        x = x.reshape(T, H, Pd).contiguous()
-        B = B.reshape(T, G, N).contiguous()
-        C = C.reshape(T, G, N).contiguous()
+        x, B, C = x.reshape(T, H, Pd), B.reshape(T, G, N), C.reshape(T, G, N)
         lim = tuple(float(v) for v in cfg.time_step_limit)
         ys = []
         if md.num_prefills:
