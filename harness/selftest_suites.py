@@ -121,7 +121,7 @@ SUITE_VARIANTS = [
         "contiguous_rows", "23", "every op reads its activations as contiguous rows: a row-strided view (x and z "
         "as the two halves of one projection's output) is read through the neighbouring columns",
         "suites/ops/test_ops_strided_inputs.py",
-        "test_strided_inputs_give_the_same_results and float32 and contract and (selective_state_update or "
+        "test_strided_inputs_give_the_same_results and rows and float32 and contract and (selective_state_update or "
         "gated_delta_rule_varlen or causal_conv1d_varlen)",
         impl="torch_contiguous_rows", why="the engine's mixers hand the ops contiguous activations"),
 ]

@@ -7,8 +7,10 @@ rows and passes.
 
 For every op (each spec's contract variants and its first `cpu` benchmark shape) and implementation: the op
 runs once on the inputs as built and once with every floating-point tensor argument of two or more dims but
-the pool (its layouts are the pool suites' business) replaced by a view of a wider buffer — rows twice as far
-apart, every other argument starting half a row in — each call with its own copy of the pool. Outputs and
+the pool (its layouts are the pool suites' business) replaced by a view: of a wider buffer (rows twice as far
+apart, every other argument starting half a row in), or of a buffer holding its dims in reverse order (no unit
+stride along the last dim: vLLM's conv takes x as the transpose of a (D, T) buffer); each call with its own
+copy of the pool. Outputs and
 final pools must agree to the dtype's tolerance (an implementation may take another path for strided rows,
 not other values)."""
 
@@ -34,25 +36,38 @@ def row_strided(t: torch.Tensor, offset: bool) -> torch.Tensor:
     return view
 
 
-def strided_args(sp, kwargs: dict) -> tuple[dict, list[str]]:
-    """kwargs with every floating-point tensor of two or more dims but the pool and `out` as a row-strided
-    view (alternately offset), and the names replaced."""
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values in a view of a buffer holding its dims in reverse order (a (T, D) activation as the
+    transpose of a (D, T) buffer, as vLLM's conv keeps x): no dim has unit stride but the first."""
+    buf = torch.full(tuple(reversed(t.shape)), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf.permute(*reversed(range(t.dim())))
+    view.copy_(t)
+    return view
+
+
+LAYOUTS = ("rows", "transposed")
+
+
+def strided_args(sp, kwargs: dict, layout: str = "rows") -> tuple[dict, list[str]]:
+    """kwargs with every floating-point tensor of two or more dims but the pool and `out` as a view of
+    `layout`: "rows", row-strided (alternately offset); "transposed"; and the names replaced."""
     out, names = dict(kwargs), []
     for name in sp.args:
         t = kwargs.get(name)
         if (name == sp.pool or not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() < 2
                 or not t.is_contiguous() or t.shape[0] == 0):
             continue
-        out[name] = row_strided(t, offset=len(names) % 2 == 1)
+        out[name] = row_strided(t, offset=len(names) % 2 == 1) if layout == "rows" else transposed(t)
         names.append(name)
     return out, names
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).replace("torch.", "") for d in DTYPES])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype):
-    """Every op of every implementation gives the same output and final pool for row-strided views of its
-    activations and parameters as for the contiguous tensors."""
+def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype, layout):
+    """Every op of every implementation gives the same output and final pool for strided views of its
+    activations and parameters (row-strided, or transposed buffers) as for the contiguous tensors."""
     sp, shape, where = CASES[case]
     require(impl, sp.name, dtype, device)
     if where == "cpu" and interp_small(device, impl):
@@ -61,7 +76,7 @@ def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype):
     fn = impl.op(sp.name)
     kwargs = sp.inputs(shape, dtype, device, torch.Generator().manual_seed(0))
     kwargs.pop("out", None)
-    strided, names = strided_args(sp, kwargs)
+    strided, names = strided_args(sp, kwargs, layout)
     if not names:
         pytest.skip(f"{sp.name}: no tensor argument of two or more dims besides the pool in this case")
     pool0 = kwargs.get(sp.pool).clone() if sp.pool else None
@@ -71,9 +86,9 @@ def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype):
         strided[sp.pool] = pool0
     spos, sopt = sp.split(strided)
     ys = fn(*spos, **sopt)
-    what = f"inputs {', '.join(names)} as row-strided views"
+    what = f"inputs {', '.join(names)} as {'row-strided' if layout == 'rows' else 'transposed'} views"
     check.close(f"{sp.name}.y[strided inputs]", ys, y, op=sp.name, impl=impl, dtype=dtype,
-                shapes=dict(shape, strided=names), seed=0, context=what)
+                shapes=dict(shape, strided=names, layout=layout), seed=0, context=what)
     if sp.pool:
         check.close(f"{sp.name}.{sp.pool}[strided inputs]", pool0, kwargs[sp.pool], op=sp.name, impl=impl,
-                    dtype=dtype, shapes=dict(shape, strided=names), seed=0, context=what)
+                    dtype=dtype, shapes=dict(shape, strided=names, layout=layout), seed=0, context=what)
