@@ -242,10 +242,11 @@ def _per_request_grid():
 
 
 def _falcon_norm(kind):
-    def norm(self, t, ones):
+    def norm(self, t, ones, group_size=None):
         if kind == "missing":
             return t
-        return self.ops["gated_rms_norm"](t.contiguous(), ones, None, eps=float(self.cfg.norm_eps))  # wrong eps
+        # the layer norm's eps in place of mixer_rms_eps
+        return self.ops["gated_rms_norm"](t, ones, None, eps=float(self.cfg.norm_eps), group_size=group_size)
     return patched(falcon_engine.FalconMambaMixer, "falcon_norm", norm)
 
 

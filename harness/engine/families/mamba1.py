@@ -36,19 +36,21 @@ class Mamba1Mixer(SpecDecodeMixin, EngineMixer):
         self.dt_proj = self.weight("dt_proj.weight")
         self.dt_bias = self.state_param("dt_proj.bias")
 
-    def norm_ssm_inputs(self, dt_low, B, C):
-        """dt_low, B, C as they enter dt_proj and the scan (Mamba-1: unchanged)."""
-        return dt_low, B, C
+    def norm_ssm_inputs(self, x_dbl):
+        """dt_low, B, C as they enter dt_proj and the scan, from x_proj's output [dt_low | B | C] (Mamba-1:
+        its three parts unchanged)."""
+        cfg = self.cfg
+        return torch.split(x_dbl, [cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
 
     def forward(self, h, md, conv_states, ssm_states):
         cfg = self.cfg
-        Dm, N, R = self.local(cfg.d_inner), cfg.d_state, cfg.dt_rank
+        Dm = self.local(cfg.d_inner)
         P = md.num_prefill_tokens
         xz = linear(h, self.in_w, self.in_b)
         x, z = xz[:, :Dm], xz[:, Dm:]  # views: the ops take strided inputs (harness.ops)
         x = self.conv(x, md, conv_states)
         x_dbl = self.tp.all_reduce(x @ self.x_proj.t())  # row parallel
-        dt_low, B, C = self.norm_ssm_inputs(*torch.split(x_dbl, [R, N, N], dim=-1))
+        dt_low, B, C = self.norm_ssm_inputs(x_dbl)
         dt = (dt_low @ self.dt_proj.t()).contiguous()
         B, C = B.unsqueeze(1), C.unsqueeze(1)
         ys = []
@@ -70,15 +72,19 @@ class FalconMambaMixer(Mamba1Mixer):
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         self._ones_dt = torch.ones(cfg.dt_rank, dtype=self.dtype, device=self.device)
-        self._ones_n = torch.ones(cfg.d_state, dtype=self.dtype, device=self.device)
+        self._ones_bc = torch.ones(2 * cfg.d_state, dtype=self.dtype, device=self.device)
 
-    def falcon_norm(self, t: torch.Tensor, ones: torch.Tensor) -> torch.Tensor:
-        """Falcon-Mamba's weightless RMSNorm of B / C / dt_low with eps = cfg.mixer_rms_eps (patchable)."""
-        return self.ops["gated_rms_norm"](t, ones, None, eps=float(self.cfg.mixer_rms_eps))
+    def falcon_norm(self, t: torch.Tensor, ones: torch.Tensor, group_size: int | None = None) -> torch.Tensor:
+        """Falcon-Mamba's weightless RMSNorm with eps = cfg.mixer_rms_eps over each group of `group_size`
+        columns of `t` (None: the whole row) (patchable)."""
+        return self.ops["gated_rms_norm"](t, ones, None, eps=float(self.cfg.mixer_rms_eps), group_size=group_size)
 
-    def norm_ssm_inputs(self, dt_low, B, C):
-        return (self.falcon_norm(dt_low, self._ones_dt), self.falcon_norm(B, self._ones_n),
-                self.falcon_norm(C, self._ones_n))
+    def norm_ssm_inputs(self, x_dbl):
+        """dt_low normalised over its dt_rank columns; B and C, adjacent and of d_state columns each, in one
+        launch as two groups of the [B | C] view."""
+        R, N = self.cfg.dt_rank, self.cfg.d_state
+        bc = self.falcon_norm(x_dbl[:, R:], self._ones_bc, group_size=N)
+        return (self.falcon_norm(x_dbl[:, :R], self._ones_dt), *torch.split(bc, [N, N], dim=-1))
 
 
 def check_tp(cfg, tp_size: int) -> None:
