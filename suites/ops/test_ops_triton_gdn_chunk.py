@@ -169,7 +169,8 @@ def test_output_pipelines(impl, device, check, dtype, outputs):
                          ids=["float32", "float64", "float32-no-l2norm"])
 def test_output_key_blocks(impl, device, check, dtype, l2norm):
     """CONFIG["out_bk"]: the parallel output launch walking the key dimension in blocks of 16 (K 40: two
-    full blocks and a partial one; the l2 norms from a first pass over the blocks) against the oracle, and
+    full blocks and a partial one; the rows' sums of squares accumulated beside the dots, the l2 norms
+    applied to the products after the pass) against the oracle, and
     against the whole-key-width path (out_bk 0) on the same inputs: a request over two chunks that starts
     mid-chunk of the stream, a pad, an empty live request."""
     M = _kernel(impl, dtype)
@@ -191,8 +192,9 @@ def test_output_key_blocks(impl, device, check, dtype, l2norm):
                          ids=["float32", "float64", "float32-no-l2norm"])
 def test_prep_key_blocks(impl, device, check, dtype, l2norm, outputs):
     """CONFIG["prep_bk"]: the per-chunk launch walking the key dimension in blocks of 16 (K 40: two full
-    blocks and a partial one; k k^T, and q k^T for the "scan" pipeline, accumulated over the blocks after a
-    pass for the l2 norms; w and kg stored block by block) against the oracle, and against the
+    blocks and a partial one; k k^T, and q k^T for the "scan" pipeline, accumulated over the blocks with the
+    rows' sums of squares, the l2 norms applied to the products after; w and kg stored block by block)
+    against the oracle, and against the
     whole-key-width path (prep_bk 0) on the same inputs, in either pipeline."""
     M = _kernel(impl, dtype)
     lengths, slots, init = (3, 16 + 5, 0, 9), (2, PAD, 1, 3), (True, True, True, False)
@@ -207,6 +209,25 @@ def test_prep_key_blocks(impl, device, check, dtype, l2norm, outputs):
     assert torch.allclose(y, y2, rtol=tol, atol=tol), f"prep_bk 16 vs 0: {(y - y2).abs().max()}"
     assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), \
         f"states, prep_bk 16 vs 0: {(pool - args2[5]).abs().max()}"
+
+
+@pytest.mark.parametrize("bk", [0, 16], ids=["whole-width", "key-blocks"])
+def test_wide_tile_offsets(impl, device, bk):
+    """A chunk whose rows span 2**31 elements or more (a view with a huge row stride) takes 64-bit tile
+    offsets (WIDE_SPAN): forced here on small inputs, the outputs and states are bit for bit those of the
+    32-bit offsets, with the key dimension whole or in blocks (K 40), the l2 normalisation on."""
+    dtype = torch.float32
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (3, 16 + 5, 0, 9), (2, PAD, 1, 3), (True, True, True, False)
+    args, _ = _case(lengths, device, dtype, Hk=1, Hv=2, K=40, V=5, slots=slots, init=init, seed=31)
+    args2 = [a.clone() for a in args]
+    knobs = {"chunk": 16, "outputs": "parallel", "prep_bk": bk, "out_bk": bk}
+    with mock.patch.dict(M.CONFIG, knobs):
+        y = impl.op(OP)(*args, use_qk_l2norm=True)
+        with mock.patch.object(M, "WIDE_SPAN", 0):
+            y2 = impl.op(OP)(*args2, use_qk_l2norm=True)
+    assert_bitwise_equal("outputs, 64-bit vs 32-bit tile offsets", y2, y)
+    assert_bitwise_equal("states, 64-bit vs 32-bit tile offsets", args2[5], args[5])
 
 
 @pytest.mark.parametrize("knob", ["out_bk", "prep_bk"])

@@ -80,6 +80,8 @@ CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, 
                                             "out_warps": 4, "out_stages": 2, "out_bk": 0, "prep_bk": 0,
                                             "state_tf32": False})
 OUTPUTS = ("parallel", "scan")
+# a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
+WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
 
 
@@ -176,28 +178,29 @@ def _unit_lower_inverse(A, rows, n, CH: tl.constexpr, SUB: tl.constexpr, LOG2NB:
 
 
 @triton.jit
-def _row_norms(ptr, tok, hk, valid, K, s0, s1, s2, CH: tl.constexpr, KB: tl.constexpr, ACC: tl.constexpr,
-               L2NORM: tl.constexpr):
-    """sqrt(sum of squares + eps) of rows `tok` over K, in blocks of KB columns (ones without L2NORM)."""
-    nrm = tl.zeros((CH,), dtype=ACC)
-    if L2NORM:
-        for k0 in range(0, K, KB):
-            kc = k0 + tl.arange(0, KB)
-            x = _load_qk(ptr, tok, hk, valid, kc, kc < K, s0, s1, s2, 1.0, ACC, False)
-            nrm += tl.sum(x * x, 1)
-        nrm = tl.sqrt(nrm + _L2EPS)
-    else:
-        nrm += 1.0
-    return nrm
+def _load_raw(ptr, start, rows, hk, valid, kc, kmb, s0, s1, s2):
+    """Columns kc of q or k rows start + `rows` of key head hk as stored (zeros off `valid` and past K). The
+    chunk's first row is a scalar 64-bit offset; the tile's offsets from it are in `rows`' integer type
+    (`_tile_rows`)."""
+    return tl.load(ptr + (start * s0 + hk * s1) + (rows[:, None] * s0 + kc[None, :] * s2),
+                   mask=valid[:, None] & kmb[None, :], other=0.0)
 
 
 @triton.jit
-def _load_qk_block(ptr, tok, hk, valid, kc, kmb, s0, s1, s2, nrm, scale, ACC: tl.constexpr, L2NORM: tl.constexpr):
-    """Columns kc of `_load_qk`'s tile, normalised by the rows' norms `nrm` from `_row_norms`."""
-    x = _load_qk(ptr, tok, hk, valid, kc, kmb, s0, s1, s2, 1.0, ACC, False)
+def _tile_rows(rows, WIDE: tl.constexpr):
+    """The chunk's row numbers for tile offsets: 32-bit, or 64-bit where a chunk's rows span 2**31 elements
+    or more (WIDE: a view with a huge row stride)."""
+    if WIDE:
+        return rows.to(tl.int64)
+    return rows
+
+
+@triton.jit
+def _inv_norms(ss, L2NORM: tl.constexpr):
+    """1 / sqrt(sum of squares + eps) of rows whose sums of squares are `ss` (ones without L2NORM)."""
     if L2NORM:
-        x = x / nrm[:, None]
-    return x * scale
+        return 1.0 / tl.sqrt(ss + _L2EPS)
+    return ss * 0.0 + 1.0
 
 
 @triton.jit
@@ -226,54 +229,65 @@ def _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV: 
 
 
 @triton.jit
-def _prep_w_kg(X, kt, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmask, sw0, sw1, skg0, skg1,
+def _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmask, sw0, sw1, skg0, skg1,
                ACC: tl.constexpr, TPREC: tl.constexpr, STORE_KG: tl.constexpr):
     """Columns kc of w = T (beta exp(G) k) and, with STORE_KG (the "parallel" pipeline), of the update keys
-    kg = exp(G_last - G) k, from those columns of k (kt) and X = T."""
+    kg = exp(G_last - G) k, from those columns of k as stored (kt, in the compute dtype), the rows' inverse
+    norms rk (the l2 normalisation; ones without it) and X = T."""
     m2 = valid[:, None] & kmask[None, :]
     if STORE_KG:
-        kg = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
+        kg = kt * tl.where(valid, tl.exp(g_last - G) * rk, 0.0)[:, None]
         tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kc[None, :], kg.to(kg_ptr.dtype.element_ty), mask=m2)
-    kb = (bt * tl.exp(G))[:, None] * kt
+    kb = (bt * tl.exp(G) * rk)[:, None] * kt
     w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
     tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kc[None, :], w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit
-def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, tok, rows,
+def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, start,
+                      tok, rows,
                       valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1,
                       sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
                       CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, KB: tl.constexpr,
                       BV: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
-                      PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr):
+                      PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr, WIDE: tl.constexpr):
     """`_gdn_prep_kernel`'s chunk with the key dimension in blocks of KB columns: (C, KB) tiles of k (and q)
-    live at a time, read once for the row norms, once for k k^T (and q k^T), once for w and kg."""
+    live at a time, read once for k k^T and the rows' sums of squares (and once for q k^T), once for w and
+    kg."""
     bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1, ACC)
-    nk = _row_norms(k_ptr, tok, hk, valid, K, sk0, sk1, sk2, CH, KB, ACC, L2NORM)
+    r = _tile_rows(rows, WIDE)
     kk = tl.zeros((CH, CH), dtype=ACC)
+    ssk = tl.zeros((CH,), dtype=ACC)
     for k0 in range(0, K, KB):
         kc = k0 + tl.arange(0, KB)
-        kd = _load_qk_block(k_ptr, tok, hk, valid, kc, kc < K, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM).to(DOT)
-        kk += tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
-    A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
+        kb = _load_raw(k_ptr, start, r, hk, valid, kc, kc < K, sk0, sk1, sk2)
+        if L2NORM:
+            kf = kb.to(ACC)
+            ssk += tl.sum(kf * kf, 1)
+        kk += tl.dot(kb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
+    rk = _inv_norms(ssk, L2NORM)
+    A = tl.where(rows[:, None] > rows[None, :], (bt * rk)[:, None] * kk * rk[None, :] * dec, 0.0)
     X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
     if STORE_AQK:
-        nq = _row_norms(q_ptr, tok, hk, valid, K, sq0, sq1, sq2, CH, KB, ACC, L2NORM)
         qk = tl.zeros((CH, CH), dtype=ACC)
+        ssq = tl.zeros((CH,), dtype=ACC)
         for k0 in range(0, K, KB):
             kc = k0 + tl.arange(0, KB)
-            qd = _load_qk_block(q_ptr, tok, hk, valid, kc, kc < K, sq0, sq1, sq2, nq, scale, ACC, L2NORM)
-            kd = _load_qk_block(k_ptr, tok, hk, valid, kc, kc < K, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
-            qk += tl.dot(qd.to(DOT), tl.trans(kd.to(DOT)), input_precision=PREC, out_dtype=ACC)
-        qk = qk * dec
+            qb = _load_raw(q_ptr, start, r, hk, valid, kc, kc < K, sq0, sq1, sq2)
+            kb = _load_raw(k_ptr, start, r, hk, valid, kc, kc < K, sk0, sk1, sk2)
+            if L2NORM:
+                qf = qb.to(ACC)
+                ssq += tl.sum(qf * qf, 1)
+            qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
+        qk = qk * (_inv_norms(ssq, L2NORM) * scale)[:, None] * rk[None, :] * dec
         tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
                  mask=valid[:, None])
     g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
     for k0 in range(0, K, KB):
         kc = k0 + tl.arange(0, KB)
         kmb = kc < K
-        kt = _load_qk_block(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
-        _prep_w_kg(X, kt, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmb, sw0, sw1, skg0, skg1, ACC, TPREC,
+        kt = _load_raw(k_ptr, start, r, hk, valid, kc, kmb, sk0, sk1, sk2).to(ACC)
+        _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmb, sw0, sw1, skg0, skg1, ACC, TPREC,
                    not STORE_AQK)
     _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
@@ -286,10 +300,11 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
                      DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr,
-                     KB: tl.constexpr):
+                     KB: tl.constexpr, WIDE: tl.constexpr):
     """w, u, G and either Aqk (STORE_AQK: the "scan" pipeline) or kg (the "parallel" one) of one chunk and
-    value head. KB < BK: the key dimension in blocks of KB columns (passes over k (and q): row norms, the
-    (C, C) products, then w and kg)."""
+    value head. KB = BK: the whole (C, K) tile of k normalised in registers. KB < BK: the key dimension in
+    blocks of KB columns (passes over k (and q): the (C, C) products with the rows' sums of squares, then w
+    and kg; the l2 normalisation is a row (and column) factor of the products, applied after them)."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
@@ -302,12 +317,14 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         km = kcol < K
         scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
         if KB < BK:
-            _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, tok,
+            _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, h, hk, n, start,
+                              tok,
                               rows, valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0,
                               sb1, sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1, CH, SUB, LOG2NB, KB, BV,
-                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK)
+                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK, WIDE)
             return
-        kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+        kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)  # normalised
+        rk = tl.full((CH,), 1.0, ACC)
         bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1, ACC)
         kd = kt.to(DOT)
         kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
@@ -319,7 +336,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
             tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
                      mask=valid[:, None])
         g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
-        _prep_w_kg(X, kt, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kcol, km, sw0, sw1, skg0, skg1, ACC, TPREC,
+        _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kcol, km, sw0, sw1, skg0, skg1, ACC, TPREC,
                    not STORE_AQK)
         _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
@@ -446,10 +463,13 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
                     s_qsl, s_idx,
                     CH: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, BLOCK_S: tl.constexpr,
                     L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
-                    SDOT: tl.constexpr, SPREC: tl.constexpr):
-    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request. The key
-    dimension in blocks of KB columns (one block when KB covers K): a pass over q and k for the rows' norms,
-    then the dots block by block."""
+                    SDOT: tl.constexpr, SPREC: tl.constexpr, WIDE: tl.constexpr):
+    """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request.
+
+    One pass over the key dimension in blocks of KB columns (one block when KB covers K): q k^T and q S_c^T
+    of the rows as stored, and their sums of squares. The l2 normalisation, the scale and the decays are row
+    and column factors of those products, applied after the pass: no normalised tile is ever held, so a
+    block's registers are its three loads and the two accumulators."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -464,25 +484,30 @@ def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_pt
         o = tl.zeros((CH, BV), dtype=ACC)
         if tl.load(idx_ptr + seq * s_idx).to(tl.int64) != pad_id:
             hk = h // HPK
-            scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
-            G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
-            vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
-            # row norms first (the blocks of one row all need its norm), then both dots block by block
-            nq = _row_norms(q_ptr, tok, hk, valid, K, sq0, sq1, sq2, CH, KB, ACC, L2NORM)
-            nk = _row_norms(k_ptr, tok, hk, valid, K, sk0, sk1, sk2, CH, KB, ACC, L2NORM)
-            eg = tl.exp(G)
+            r = _tile_rows(rows, WIDE)
             qk = tl.zeros((CH, CH), dtype=ACC)
+            ssq = tl.zeros((CH,), dtype=ACC)
+            ssk = tl.zeros((CH,), dtype=ACC)
             for k0 in range(0, K, KB):
                 kc = k0 + tl.arange(0, KB)
                 kmb = kc < K
-                qb = _load_qk_block(q_ptr, tok, hk, valid, kc, kmb, sq0, sq1, sq2, nq, scale, ACC, L2NORM)
-                kb = _load_qk_block(k_ptr, tok, hk, valid, kc, kmb, sk0, sk1, sk2, nk, 1.0, ACC, L2NORM)
+                qb = _load_raw(q_ptr, start, r, hk, valid, kc, kmb, sq0, sq1, sq2)
+                kb = _load_raw(k_ptr, start, r, hk, valid, kc, kmb, sk0, sk1, sk2)
+                if L2NORM:
+                    qf = qb.to(ACC)
+                    kf = kb.to(ACC)
+                    ssq += tl.sum(qf * qf, 1)
+                    ssk += tl.sum(kf * kf, 1)
                 qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
-                hsb = tl.load(hs_ptr + c * sh0 + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kc[None, :],
+                hsb = tl.load(hs_ptr + (c * sh0 + h * sh1) + (vrow[:, None] * sh2 + kc[None, :]),
                               mask=vm[:, None] & kmb[None, :], other=0.0)  # (BV, KB)
-                qe = tl.where(valid[:, None], qb * eg[:, None], 0.0)
-                o += tl.dot(qe.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
-            qk = qk * dec
+                o += tl.dot(qb.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+            scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+            rq = _inv_norms(ssq, L2NORM) * scale
+            G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
+            o = o * tl.where(valid, rq * tl.exp(G), 0.0)[:, None]
+            qk = qk * dec * rq[:, None] * _inv_norms(ssk, L2NORM)[None, :]
+            vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
             o += tl.dot(qk.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
         tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
                  o.to(o_ptr.dtype.element_ty), mask=m2)
@@ -552,6 +577,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
         kg = dummy(aqk)
     sc = float(K ** -0.5 if scale is None else scale)
+    span = CH * max(abs(q.stride(0)), abs(k.stride(0))) + K * max(abs(q.stride(2)), abs(k.stride(2)))
+    wide = span >= WIDE_SPAN
     sc_hi, sc_lo = split_limit(sc)
     hi = has_initial_state.view(torch.uint8)
     with device_guard(v):
@@ -563,7 +590,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             kg.stride(1), *gc.stride(),
             CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            KB=KBP, num_warps=int(CONFIG["prep_warps"]))
+            KB=KBP, WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
         if not parallel:
             _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
@@ -588,6 +615,6 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),
             hs.stride(2), *o.stride(), query_start_loc.stride(0), cache_indices.stride(0),
             CH=CH, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
-            PREC=PREC, SDOT=SDOT, SPREC=SPREC, num_warps=int(CONFIG["out_warps"]),
+            PREC=PREC, SDOT=SDOT, SPREC=SPREC, WIDE=wide, num_warps=int(CONFIG["out_warps"]),
             num_stages=int(CONFIG["out_stages"]))
     return o
