@@ -228,6 +228,21 @@ def test_launch_variants(device, check, over):
         _run(check, device, torch.float32, [3, 70], V=20, seed=4)
 
 
+def test_wide_tile_offsets(device):
+    """A chunk whose rows span 2**31 elements or more (a view with a huge row stride) takes 64-bit tile offsets
+    in the per-chunk stage (delta_rule_chunk.WIDE_SPAN): forced here on small inputs (two sequences, one
+    starting mid-chunk), the outputs and states are bit for bit those of the 32-bit offsets."""
+    _module(device)
+    import harness.impls.triton.delta_rule_chunk as gdn
+    args, _ = _case(device, torch.float32, [5, 21], seed=8)
+    args2 = [a.clone() for a in args]
+    y = _impl().op(OP)(*args, use_qk_l2norm=True)
+    with mock.patch.object(gdn, "WIDE_SPAN", 0):
+        y2 = _impl().op(OP)(*args2, use_qk_l2norm=True)
+    assert_bitwise_equal("outputs, 64-bit vs 32-bit tile offsets", y2, y)
+    assert_bitwise_equal("states, 64-bit vs 32-bit tile offsets", args2[5], args[5])
+
+
 def test_options_and_fp64(device, check):
     """Without l2norm, with an explicit scale, in fp64 (the scale read exactly from a tensor)."""
     _module(device)

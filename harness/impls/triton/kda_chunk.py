@@ -37,7 +37,9 @@ Dots: bf16 inputs feed q / k and the scratch (stored in bf16) and the state to t
 the products with T, Qk w and Qk u in tf32; fp16 inputs run everything in tf32 with fp32 scratch (the
 split factors reach 2**96, and a growing state's exp(G) passes fp16's range); fp32 / fp64 exactly
 ("ieee"). No host synchronisation: the grids are sized from T // BT upper bounds and the chunk and
-sequence counts are read on the device. Token, slot and head offsets are int64.
+sequence counts are read on the device. Token, slot and head offsets are int64, but for the per-chunk
+stage's tiles: their offsets from the chunk's first token (a 64-bit scalar) are 32-bit (64-bit where a
+chunk's rows span 2**31 elements or more).
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2
-from harness.impls.triton.delta_rule_chunk import _chunks_before, _locate, _unit_lower_inverse
+from harness.impls.triton.delta_rule_chunk import _chunks_before, _locate, _tile_rows, _unit_lower_inverse
+from harness.impls.triton import delta_rule_chunk as _gdn
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size
 from harness.ops import PAD_SLOT_ID
 
@@ -78,7 +81,7 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
                      BT: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      BLOCK_S: tl.constexpr, CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
                      TDOT: tl.constexpr, TPREC: tl.constexpr, L2NORM: tl.constexpr, SCALE_T: tl.constexpr,
-                     FAST_THR: tl.constexpr):
+                     FAST_THR: tl.constexpr, WIDE: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, BT, BLOCK_S)
@@ -91,12 +94,15 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
         ck = tl.arange(0, BK)
         km = ck < K
         tm = rows < n
-        t = start + rows.to(tl.int64)
+        r = _tile_rows(rows, WIDE)  # tile offsets from the chunk's first row (a scalar 64-bit offset)
         m2 = tm[:, None] & km[None, :]
-        qv = tl.load(q_ptr + t[:, None] * sq0 + h * sq1 + ck[None, :] * sq2, mask=m2, other=0.0).to(CD)
-        kv = tl.load(k_ptr + t[:, None] * sk0 + h * sk1 + ck[None, :] * sk2, mask=m2, other=0.0).to(CD)
-        gv = tl.load(g_ptr + t[:, None] * sg0 + h * sg1 + ck[None, :] * sg2, mask=m2, other=0.0).to(CD)
-        bt = tl.load(b_ptr + t * sb0 + h * sb1, mask=tm, other=0.0).to(CD)
+        qv = tl.load(q_ptr + (start * sq0 + h * sq1) + (r[:, None] * sq0 + ck[None, :] * sq2), mask=m2,
+                     other=0.0).to(CD)
+        kv = tl.load(k_ptr + (start * sk0 + h * sk1) + (r[:, None] * sk0 + ck[None, :] * sk2), mask=m2,
+                     other=0.0).to(CD)
+        gv = tl.load(g_ptr + (start * sg0 + h * sg1) + (r[:, None] * sg0 + ck[None, :] * sg2), mask=m2,
+                     other=0.0).to(CD)
+        bt = tl.load(b_ptr + (start * sb0 + h * sb1) + r * sb0, mask=tm, other=0.0).to(CD)
         if L2NORM:
             qv = qv / tl.sqrt(tl.sum(qv * qv, axis=1) + 1e-6)[:, None]
             kv = kv / tl.sqrt(tl.sum(kv * kv, axis=1) + 1e-6)[:, None]
@@ -139,7 +145,7 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
         Tm = _unit_lower_inverse(A, rows, n, BT, SUB, LOG2NB, CD, TPREC)
         w = _dot(Tm, ke * bt[:, None], TDOT, TPREC, CD)
         qp = qg - _dot(qk, w, TDOT, TPREC, CD)
-        kt_off = t[:, None] * sw0 + h * sw1 + ck[None, :]
+        kt_off = (start * sw0 + h * sw1) + (r[:, None] * sw0 + ck[None, :])
         tl.store(w_ptr + kt_off, w.to(w_ptr.dtype.element_ty), mask=m2)
         tl.store(qp_ptr + kt_off, qp.to(qp_ptr.dtype.element_ty), mask=m2)
         tl.store(kg_ptr + kt_off, kg.to(kg_ptr.dtype.element_ty), mask=m2)
@@ -147,10 +153,11 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
         for v0 in range(0, V, BV):
             vv = v0 + tl.arange(0, BV)
             mv = tm[:, None] & (vv < V)[None, :]
-            vt = tl.load(v_ptr + t[:, None] * sv0 + h * sv1 + vv[None, :] * sv2, mask=mv, other=0.0).to(CD)
+            vt = tl.load(v_ptr + (start * sv0 + h * sv1) + (r[:, None] * sv0 + vv[None, :] * sv2), mask=mv,
+                         other=0.0).to(CD)
             u = _dot(Tm, vt * bt[:, None], TDOT, TPREC, CD)
             ou = _dot(qk, u, TDOT, TPREC, CD)
-            vt_off = t[:, None] * su0 + h * su1 + vv[None, :]
+            vt_off = (start * su0 + h * su1) + (r[:, None] * su0 + vv[None, :])
             tl.store(u_ptr + vt_off, u.to(u_ptr.dtype.element_ty), mask=mv)
             tl.store(ou_ptr + vt_off, ou.to(ou_ptr.dtype.element_ty), mask=mv)
 
@@ -274,6 +281,8 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     dl = torch.empty((NC, H, K), dtype=cd, device=dev)
     BLOCK_S = min(1024, max(16, next_power_of_2(S)))
     pool = ssm_states
+    rows_span = bt * max(abs(x.stride(0)) for x in (q, k, v, g, beta, w, u))
+    wide = rows_span + max(K, V) * max(abs(x.stride(2)) for x in (q, k, v, g)) >= _gdn.WIDE_SPAN
     with device_guard(q):
         _kda_prep_kernel[(NC, H)](
             q, k, v, g, beta, query_start_loc, sct, w, qp, kg, u, ou, dl,
@@ -282,7 +291,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1),
             BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
             DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
-            FAST_THR=float(CONFIG["fast_thr"]), num_warps=int(CONFIG["prep_warps"]))
+            FAST_THR=float(CONFIG["fast_thr"]), WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
         _kda_scan_kernel[(S, H, cdiv(V, BV))](
             w, qp, kg, u, ou, dl, o, pool, query_start_loc, cache_indices, has_initial_state,
             K, V, int(pad_slot_id),
