@@ -2,7 +2,7 @@
 # The GPU run: regenerates a device baseline folder, reports/baselines/<device>/, as one set.
 #
 #   bash scripts/gpu.sh [--device NAME] [--out DIR] [--logs DIR] [--budget SECONDS] [--steps LIST] [--workers N]
-#                       [--gpus N] [--resume DIR]
+#                       [--gpus N] [--resume DIR] [--fresh LIST]
 #
 #   --device   folder name (default: from the GPU's name, e.g. "NVIDIA H200" -> h200)
 #   --out      baseline folder (default reports/baselines/<device>)
@@ -26,6 +26,8 @@
 #              record as passed or skipped, the bench only the cases its bench.jsonl does not time (but the
 #              ops swept in this run and those in BENCH_RETIME: timed again, their old records dropped), and
 #              they add their records to the baseline folder's files instead of replacing them
+#   --fresh    with --resume: these of the suites, peers and bench steps start over instead (comma-separated;
+#              e.g. our suites fresh after a kernel change while the peers' suites resume)
 #
 # Environment: PEERS_RESUME_FAILED=rerun makes a resumed peers step run again the peers' tests that failed on an
 # assertion (default skip: those verdicts are written-up findings; errors and crashes always run again);
@@ -68,7 +70,8 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 DEVICE=""; DIR=""; LOGS=""; BUDGET=3600; STEPS="env,suites,bench,throughput,peers"; WORKERS=8; GPUS=1; RESUME=""
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+FRESH=""
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
@@ -79,14 +82,19 @@ while [ $# -gt 0 ]; do
     --workers) WORKERS=${2:?--workers needs a value}; shift 2 ;;
     --gpus) GPUS=${2:?--gpus needs a value}; shift 2 ;;
     --resume) RESUME=${2:?--resume needs a value}; shift 2 ;;
+    --fresh) FRESH=${2:?--fresh needs a value}; shift 2 ;;
     -h|--help) usage 0 ;;
-    *) echo "gpu.sh: unknown argument $1 (expected --device/--out/--logs/--budget/--steps/--workers/--gpus/--resume)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown argument $1 (expected --device/--out/--logs/--budget/--steps/--workers/--gpus/--resume/--fresh)" >&2; exit 2 ;;
   esac
 done
 case "$BUDGET" in ''|*[!0-9]*) echo "gpu.sh: --budget: expected whole seconds, got $BUDGET" >&2; exit 2 ;; esac
 case "$WORKERS" in ''|*[!0-9]*) echo "gpu.sh: --workers: expected a whole number, got $WORKERS" >&2; exit 2 ;; esac
 case "$GPUS" in 1|2) ;; *) echo "gpu.sh: --gpus: expected 1 or 2, got $GPUS" >&2; exit 2 ;; esac
 if [ -n "$RESUME" ] && [ ! -d "$RESUME" ]; then echo "gpu.sh: --resume: expected the logs folder of an earlier run, got $RESUME" >&2; exit 2; fi
+for s in ${FRESH//,/ }; do
+  case "$s" in suites|bench|peers) ;;
+    *) echo "gpu.sh: --fresh: expected a subset of suites,bench,peers, got $s" >&2; exit 2 ;; esac
+done
 for s in ${STEPS//,/ }; do
   case "$s" in env|tp|suites|bench|throughput|peers|sweep) ;;
     *) echo "gpu.sh: --steps: expected a subset of env,tp,suites,bench,throughput,peers,sweep, got $s" >&2; exit 2 ;; esac
@@ -107,6 +115,8 @@ T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+# resumes STEP: whether STEP continues the --resume run (not named in --fresh)
+resumes() { [ -n "$RESUME" ] || return 1; case ",$FRESH," in *",$1,"*) return 1 ;; *) return 0 ;; esac; }
 # limit CAP: the step's time limit, at most what is left of the budget less a margin for the file moves
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 # note STEP RC SECONDS: the step's exit code (124: cut by its time limit) and seconds, into env.json (under a
@@ -125,23 +135,24 @@ with open(path + ".lock", "w") as lock:
 PY
   rm -f "$DIR/env.json.lock"
 }
-# place FILE...: move finished step outputs from the logs into the baseline folder (with --resume, a results
+# place STEP FILE...: move STEP's finished outputs from the logs into the baseline folder (a resumed step's
 # file is added to the one there: the earlier run's records and this run's make the set)
 place() {
+  local step=$1; shift
   for f in "$@"; do
     [ -s "$LOGS/$f" ] || continue
-    if [ -n "$RESUME" ] && [ -s "$DIR/$f" ]; then cat "$DIR/$f" "$LOGS/$f" > "$DIR/$f.tmp"; else cp "$LOGS/$f" "$DIR/$f.tmp"; fi
+    if resumes "$step" && [ -s "$DIR/$f" ]; then cat "$DIR/$f" "$LOGS/$f" > "$DIR/$f.tmp"; else cp "$LOGS/$f" "$DIR/$f.tmp"; fi
     mv "$DIR/$f.tmp" "$DIR/$f"
   done
 }
-# resume_args OUTCOMES: the pytest --resume argument for an earlier run's outcome file, if there is one
-resume_args() { [ -n "$RESUME" ] && [ -s "$RESUME/$1" ] && echo "--resume $RESUME/$1"; }
+# resume_args STEP OUTCOMES: the pytest --resume argument for an earlier run's outcome file, if STEP resumes
+resume_args() { resumes "$1" && [ -s "$RESUME/$2" ] && echo "--resume $RESUME/$2"; }
 # retime_ops: the ops a resumed bench times again although the earlier run timed them: BENCH_RETIME, and the
 # ops this run sweeps (their launch configurations may change)
 retime_ops() { local o="${BENCH_RETIME:-}"; want sweep && o="${o:+$o,}${SWEEP_OPS:-$SWEEP_ALL}"; echo "$o"; }
 # bench_resume: harness bench's --resume for the earlier run's timings, if there are any (with --retime)
 bench_resume() {
-  [ -n "$RESUME" ] && [ -s "$RESUME/bench.jsonl" ] || return 0
+  resumes bench && [ -s "$RESUME/bench.jsonl" ] || return 0
   local r; r=$(retime_ops); echo "--resume $RESUME/bench.jsonl${r:+ --retime $r}"
 }
 # drop_retimed FILE NEW: FILE without the timing records of the retimed ops that NEW times again: an (op,
@@ -173,15 +184,15 @@ PY
 
 for s in ${STEPS//,/ }; do
   case "$s" in
-    suites) [ -n "$RESUME" ] || rm -f "$DIR/results.jsonl" "$DIR/outcomes.jsonl" ;;
-    peers) [ -n "$RESUME" ] || rm -f "$DIR/results-peers.jsonl" "$DIR/outcomes-peers.jsonl" ;;
+    suites) resumes suites || rm -f "$DIR/results.jsonl" "$DIR/outcomes.jsonl" ;;
+    peers) resumes peers || rm -f "$DIR/results-peers.jsonl" "$DIR/outcomes-peers.jsonl" ;;
     tp) rm -f "$DIR/results-tp.jsonl" "$DIR/outcomes-tp.jsonl" ;;
-    bench) [ -n "$RESUME" ] || rm -f "$DIR/bench.jsonl" ;;
+    bench) resumes bench || rm -f "$DIR/bench.jsonl" ;;
     throughput) rm -f "$DIR/throughput.jsonl" ;;
     env) rm -f "$DIR/env.json" ;;
   esac
 done
-log "device $DEVICE -> $DIR (logs $LOGS, budget ${BUDGET}s, steps $STEPS, gpus $GPUS${RESUME:+, resuming $RESUME})"
+log "device $DEVICE -> $DIR (logs $LOGS, budget ${BUDGET}s, steps $STEPS, gpus $GPUS${RESUME:+, resuming $RESUME}${FRESH:+ but for $FRESH})"
 
 # The peers' CUDA extensions compile in the background while the suites run.
 if want bench || want peers || want throughput; then
@@ -213,7 +224,7 @@ step_tp() {
   local t rc; t=$(date +%s)
   timeout "$(limit ${TPAR_S:-300})" python3 -m pytest suites/engine/test_engine_tp.py --impl triton --impl torch \
     $PYTEST_COMMON --results "$LOGS/results-tp.jsonl" --outcomes "$LOGS/outcomes-tp.jsonl" > "$LOGS/tp.txt" 2>&1
-  rc=$?; place results-tp.jsonl outcomes-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
+  rc=$?; place tp results-tp.jsonl outcomes-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
   log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
 }
 
@@ -248,9 +259,9 @@ step_suites() {
   local t rc; t=$(date +%s)
   # our implementations without the peers on the path (nothing of ours imports them)
   timeout "$(limit ${SUITES_S:-1500})" env PYTHONPATH="$OURS_PATH" python3 -m pytest suites/ --impl triton --impl torch \
-    $PYTEST_COMMON -n "$WORKERS" $(resume_args outcomes.jsonl) --results "$LOGS/results.jsonl" \
+    $PYTEST_COMMON -n "$WORKERS" $(resume_args suites outcomes.jsonl) --results "$LOGS/results.jsonl" \
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
-  rc=$?; place results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
+  rc=$?; place suites results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
   log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
   PYTHONPATH="$OURS_PATH" replay_faults "$LOGS/outcomes.jsonl" "$LOGS/replay-suites.txt"
 }
@@ -297,8 +308,8 @@ PY
       --out "$LOGS/bench.jsonl" > "$LOGS/bench.txt" 2>&1 || rc=$?
   fi
   log "bench: harness bench exit $rc"
-  [ -n "$RESUME" ] && [ -s "$LOGS/bench.jsonl" ] && drop_retimed "$DIR/bench.jsonl" "$LOGS/bench.jsonl"
-  place bench.jsonl
+  resumes bench && [ -s "$LOGS/bench.jsonl" ] && drop_retimed "$DIR/bench.jsonl" "$LOGS/bench.jsonl"
+  place bench bench.jsonl
   note bench $rc $(( $(date +%s) - t ))
   mkdir -p "$LOGS/ext"
   for so in /tmp/peers/ext/*.so; do [ -e "$so" ] && gzip -c "$so" > "$LOGS/ext/$(basename "$so").gz"; done
@@ -313,7 +324,7 @@ step_throughput() {
       --prefill 4096 --decode-batch 64 --reps 3 --warmup 1 --hf-new-tokens 4 --out "$LOGS/throughput.jsonl" \
       >> "$LOGS/throughput.txt" 2>&1 || rc=$?
     log "throughput: $preset exit $rc"
-    place throughput.jsonl
+    place throughput throughput.jsonl
   done
   note throughput $rc $(( $(date +%s) - t ))
 }
@@ -325,10 +336,10 @@ step_peers() {
   # is not importable would stop the run)
   timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ --ignore=suites/bench \
     -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" \
-    $(resume_args outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
+    $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
-  rc=$?; place results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
+  rc=$?; place peers results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
   replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
@@ -382,16 +393,16 @@ want tp && step_tp
 if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   # nothing to check: both GPUs time
   export QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1
-  export -f pin sweep_one halves limit left want retime_ops bench_resume
-  export LOGS T0 BUDGET DEVICE SWEEP_S SWEEP_ARGS SWEEP_ALL STEPS RESUME
+  export -f pin sweep_one halves limit left want resumes retime_ops bench_resume
+  export LOGS T0 BUDGET DEVICE SWEEP_S SWEEP_ARGS SWEEP_ALL STEPS RESUME FRESH
   run_steps sweep bench
   BENCH_SPLIT=0 run_steps throughput
 elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   if want suites && want peers; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
-    export -f pin step_suites step_peers run_steps want left limit log note place resume_args replay_faults
-    export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
+    export -f pin step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults
+    export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
     CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
     wait
@@ -401,9 +412,9 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   fi
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want left limit log note place resume_args replay_faults sweep_one halves bench_resume retime_ops drop_retimed
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
-  export DIR LOGS LOG T0 BUDGET STEPS RESUME DEVICE WORKERS PYTEST_COMMON OURS_PATH
+  export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
   CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &
   wait

@@ -17,6 +17,7 @@ def _gpu_sh(*args):
     (["--steps", "suites,bogus"], "--steps: expected a subset of env,tp,suites,bench,throughput,peers,sweep, got bogus"),
     (["--budget", "ten"], "--budget: expected whole seconds, got ten"),
     (["--resume", "/no/such/run"], "--resume: expected the logs folder of an earlier run, got /no/such/run"),
+    (["--fresh", "suites,tp"], "--fresh: expected a subset of suites,bench,peers, got tp"),
     (["--frobnicate"], "unknown argument --frobnicate"),
 ])
 def test_bad_arguments_are_refused_first(args, message):
@@ -27,7 +28,26 @@ def test_bad_arguments_are_refused_first(args, message):
 def test_help_names_the_lanes_and_resume():
     r = _gpu_sh("--help")
     assert r.returncode == 0
-    assert "--gpus" in r.stdout and "--resume" in r.stdout and "tp" in r.stdout
+    assert "--gpus" in r.stdout and "--resume" in r.stdout and "--fresh" in r.stdout and "tp" in r.stdout
+
+
+@pytest.mark.parametrize("resume, fresh, expected", [
+    ("", "", "suites:no peers:no bench:no"),
+    ("run", "", "suites:yes peers:yes bench:yes"),
+    ("run", "suites", "suites:no peers:yes bench:yes"),
+    ("run", "suites,bench", "suites:no peers:yes bench:no"),
+])
+def test_fresh_steps_start_over_while_the_others_resume(resume, fresh, expected):
+    """`resumes STEP` (which gates the outcome file passed to pytest --resume, the bench's --resume, the removal of
+    the step's old files and whether its new records are added to them): every step resumes with --resume but
+    those --fresh names."""
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    fn = next(ln for ln in src.splitlines() if ln.startswith("resumes() "))  # a one-line function
+    script = (f'RESUME={resume!r}; FRESH={fresh!r}\n{fn}\n'
+              'for s in suites peers bench; do resumes $s && a=yes || a=no; printf "%s:%s " $s $a; done')
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expected
 
 
 def test_resumed_bench_replaces_only_the_records_it_timed_again(tmp_path):
