@@ -61,11 +61,15 @@ def _layout(name):
 
 _SCAN_STAGE = ("block_m", "block_k", "heads", "num_warps", "num_stages", "maxnreg", "early_epilogue")
 _STATE_STAGE = ("block_p", "block_n", "block_k", "heads", "num_warps", "num_stages", "maxnreg")
-# (value rows, warps) of the decode update that compile without spills at the H200 shapes (sm_90, K 128):
-# at most 64 state values a thread
+# (value rows, warps) of the decode update with at most 64 state values a thread (K 128), tried first
 _UPDATE_NOSPILL = [(16, 1), (32, 4), (16, 2), (32, 8), (64, 8), (8, 1)]
 
-# The candidates of the H200 sweeps that set the modules' defaults, most important first.
+# The candidates of the H200 sweeps that set the modules' defaults, most important first. Where a group leads
+# with settings "with the fewest registers", the order came from offline sm_90 compiles
+# (`python -m harness.impls.triton.aot --shapes gpu --resources`) made from the argument types alone, which
+# inflated every figure (scalar loads); compiled with the JIT's alignment facts, as the tool now does, the
+# defaults keep at most a few hundred bytes of stack (SSD chunk scan, KDA per-chunk launch) or none. The order
+# only decides what a sweep cut by --candidates tries: the timings choose.
 SWEEPS: dict[str, list[SweepGroup]] = {
     "selective_scan_varlen": [
         SweepGroup("scan", "selective_scan", _rows(("bd", "warps", "pf", "chunk"), [
@@ -119,26 +123,24 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                                                    {"outputs": "scan", "bv": 16}]),
         # the per-sequence state recurrence (either pipeline): value rows per program (programs at batch 1:
         # Hv * V / bv), warps, stages
-        # (16 rows at 4 warps first: the least local memory at chunk 64, sm_90 offline compile)
+        # (16 rows at 4 warps first: the fewest registers)
         SweepGroup("scan", "delta_rule_chunk", _rows(("bv", "scan_warps", "scan_stages"), [
             (16, 4, 2), (16, 4, 1), (32, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2),
             (16, 4, 3), (64, 8, 2), (64, 8, 3), (16, 1, 2), (16, 2, 3)])),
         # the parallel output launch (chunks x value heads x value blocks of out_bv rows): no effect on "scan"
-        # (key blocks of 32 / 16 first: spill-free at chunk 64, sm_90 offline compile; then the whole key width,
-        # 32 rows at 8 warps the least local memory)
+        # (key blocks of 32 / 16 first, the fewest registers; then the whole key width)
         SweepGroup("output", "delta_rule_chunk", _first(_rows(("out_bk", "out_bv", "out_warps", "out_stages"), [
             (32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (32, 64, 8, 3)]),
             _rows(("out_bv", "out_warps", "out_stages"), [
                 (32, 8, 2), (32, 8, 1), (16, 8, 2), (64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 2), (64, 4, 3),
                 (32, 2, 2), (64, 4, 1), (128, 4, 2), (32, 4, 3)]))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
-        # (key blocks of 32 / 16 over 8 warps first: spill-free at chunk 64, sm_90 offline compile; then the whole
-        # key width, one substitution over the chunk at 8 warps the least local memory)
+        # (key blocks of 32 / 16 over 8 warps first, the fewest registers; then the whole key width)
         SweepGroup("prep", "delta_rule_chunk", _first(_rows(("prep_bk", "sub", "prep_warps"), [
             (32, 64, 8), (16, 64, 8), (32, 16, 8), (16, 16, 8), (32, 32, 8)]),
             _rows(("sub", "prep_warps"), [(64, 8), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (16, 2)]))),
-        # chunk 32 with every launch spill-free at the H200 shapes (sm_90 offline compile) first: all three
-        # kernels' parameters set, as the groups before may have picked chunk-64 values
+        # chunk 32 first (the fewest registers in all three launches): all three kernels' parameters set, as
+        # the groups before may have picked chunk-64 values
         SweepGroup("chunk", "delta_rule_chunk", _first([
             dict(chunk=32, sub=sub, prep_warps=pw, bv=bv, scan_warps=4, scan_stages=2, out_bv=ob, out_warps=8,
                  out_stages=2, out_bk=0, prep_bk=0)
@@ -158,15 +160,14 @@ SWEEPS: dict[str, list[SweepGroup]] = {
     "ssd_varlen": [
         # whole-pipeline variants (end-to-end: the stage-by-stage figures time chunk_scan on its CB-reading path)
         SweepGroup("variants", "ssd", [
-            # 8 warps, 3 stages: the fused chunk_scan spill-free at the H200 shapes (sm_90 offline compile)
+            # 8 warps, 3 stages: the fused chunk_scan with the fewest registers
             {"chunk_scan": {"block_m": 128, "block_k": 64, "block_p": 64, "num_warps": 8, "num_stages": 3,
                             "maxnreg": None}},
             {"fused_cb": False}, {"fuse_front": False},
             {"chunk_scan": {"block_m": 64, "block_k": 64, "num_warps": 4, "num_stages": 2}},
             {"chunk_scan": {"block_m": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}},
             {"chunk_state": {"heads": 1}}], attr="TUNING"),
-        # spill-free (or nearly: a few bytes of stack) at the H200 shapes first (sm_90 offline compile); a cap
-        # of 128 registers makes the fused scan spill hundreds of bytes a thread
+        # the fewest registers first; a cap of 128 registers makes the fused scan spill
         SweepGroup("chunk_scan", "ssd", [{"chunk_scan": dict(c, block_p=64, block_n=64)} for c in _rows(_SCAN_STAGE, [
             (128, 64, 1, 8, 3, None, False), (64, 32, 1, 4, 2, None, False), (128, 64, 1, 8, 2, None, False),
             (128, 64, 1, 8, 2, 128, False), (128, 32, 1, 8, 3, 128, False),
@@ -177,8 +178,7 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (64, 128, 64, 2, 8, 2, 128), (64, 128, 64, 1, 8, 2, None), (64, 128, 32, 2, 8, 3, 128),
             (64, 128, 64, 2, 8, 3, 128), (64, 128, 64, 4, 8, 2, None), (64, 128, 32, 4, 8, 2, None),
             (64, 64, 64, 2, 4, 2, None), (64, 128, 64, 1, 4, 2, None)])], attr="TUNING"),
-        # spill-free at the H200 shapes first (sm_90 offline compile): at most 32 values (elements x chunks) a
-        # thread, or 64 at 8 warps with 16 chunks
+        # at most 32 values (elements x chunks) a thread first, or 64 at 8 warps with 16 chunks
         SweepGroup("state_passing", "ssd", [{"state_passing": c} for c in _rows(("block", "block_c", "num_warps"), [
             (1024, 8, 8), (512, 16, 4), (1024, 4, 4), (2048, 4, 8), (1024, 16, 8), (1024, 8, 4), (512, 8, 2),
             (2048, 8, 8), (1024, 16, 4), (512, 16, 2), (256, 8, 1)])],
@@ -193,14 +193,13 @@ SWEEPS: dict[str, list[SweepGroup]] = {
     "kda_varlen": [
         # the scan: value channels per program (programs = sequences x heads x V / bv: 128 at batch 1, H 32,
         # V 128 with bv 32), warps and load pipelining of the chunk loop
-        # (8 warps first: the least local memory at chunk 64, sm_90 offline compile)
+        # (8 warps first: the fewest registers)
         SweepGroup("scan", "kda_chunk", _first(_rows(("bv", "scan_warps", "scan_stages"), [
             (32, 8, 2), (16, 8, 2), (16, 8, 1), (32, 8, 1)]),
             _grid(bv=(32, 16, 64), scan_warps=(4, 8, 2), scan_stages=(2, 1, 3)))),
         # the chunk length (fewer, larger steps along the sequence; the per-chunk stage's T solve and pairwise
         # terms grow with it, and its fast path covers weaker decays only: half a chunk within fast_thr)
-        # (chunk 16: both launches spill-free at the H200 shapes, sm_90 offline compile; chunk 32 with 16
-        # value channels over 8 warps: a spill-free scan)
+        # (chunk 16 first, then chunk 32 with 16 value channels over 8 warps: the fewest registers)
         SweepGroup("chunk", "kda_chunk", _rows(("bt", "bv", "scan_warps", "scan_stages", "prep_warps"), [
             (16, 32, 4, 2, 8), (16, 32, 8, 2, 8), (16, 64, 8, 2, 8), (32, 16, 8, 2, 8),
             (16, 32, 4, 2, 4), (32, 32, 4, 2, 4), (32, 64, 4, 2, 4), (32, 32, 4, 2, 8), (64, 64, 4, 2, 8),

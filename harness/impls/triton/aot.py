@@ -17,7 +17,11 @@ outputs of the intercepted launches stay uninitialised.
 the H200 runs) instead of the small "aot" ones; `--op` keeps only those ops; `--resources` adds to each line
 what the sm_90 binary needs per thread and block (registers, local memory -- spills and stack --, static and
 dynamic shared memory), read with the cuobjdump Triton ships: a kernel engineer's first look at occupancy and
-spills without a GPU.
+spills without a GPU. Each launch is specialised as Triton's JIT specialises it on a GPU (its own binder and
+argument packing): pointers 16-byte aligned and integers divisible by 16 carry `tt.divisibility`, integers
+equal to 1 become constants. Without those facts loads do not vectorise and the figures are those of scalar
+loads (far more registers and stack); on a Triton without those internals the tool compiles from the argument
+types alone and the figures are that pessimistic.
 """
 from __future__ import annotations
 
@@ -49,36 +53,71 @@ def resources(compiled) -> dict:
     return out
 
 
+def _jit_specialisation(kernel, backend):
+    """A function (args, kw) -> (signature, constexprs, attrs, options) that specialises a launch as Triton's
+    JIT does on a GPU (Triton's own binder and argument packing): pointer arguments 16-byte aligned and integer
+    arguments divisible by 16 carry `tt.divisibility` (what lets the compiler vectorise loads), integers equal
+    to 1 become constants. None where this Triton lacks those internals (then only the argument types count)."""
+    try:
+        from triton.runtime.jit import create_function_from_signature
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        pack = kernel._pack_args
+    except (ImportError, AttributeError, TypeError):
+        return None
+
+    def specialise(args, kw):
+        kw = {"debug": False, **kw}
+        bound, spec, options = binder(*args, **kw)
+        options, signature, constexprs, attrs = pack(backend, kw, bound, spec, options)
+        return signature, constexprs, attrs, options.__dict__
+    return specialise
+
+
+def _type_signature(kernel, args, kw):
+    """(signature, constexprs): the arguments' types alone (no alignment or divisibility facts)."""
+    import torch as _torch
+    from triton.runtime.jit import mangle_type
+    names = kernel.arg_names
+    values = list(args) + [kw[n] for n in names[len(args):]]
+    sig, const = {}, {}
+    for i, (n, a) in enumerate(zip(names, values)):
+        if kernel.params[i].is_constexpr:
+            sig[n], const[n] = "constexpr", a
+        elif isinstance(a, _torch.Tensor):
+            sig[n] = mangle_type(a)
+        elif isinstance(a, bool):
+            sig[n] = "i1"
+        elif isinstance(a, int):
+            sig[n] = "i64" if abs(a) >= 2**31 else "i32"
+        elif isinstance(a, float):
+            sig[n] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}: argument {n} of type {type(a).__name__}")
+    return sig, const
+
+
 def _intercept(kernel, seen, target, show_resources: bool = False):
     import triton
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
+    from triton.compiler import ASTSource, make_backend
+
+    specialise = _jit_specialisation(kernel, make_backend(target))
 
     def getitem(_self, grid):
         def launch(*args, **kw):
             opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
-            names = kernel.arg_names
-            values = list(args) + [kw[n] for n in names[len(args):]]
-            sig, const = {}, {}
-            for i, (n, a) in enumerate(zip(names, values)):
-                if kernel.params[i].is_constexpr:
-                    sig[n], const[n] = "constexpr", a
-                elif isinstance(a, torch.Tensor):
-                    sig[n] = mangle_type(a)
-                elif isinstance(a, bool):
-                    sig[n] = "i1"
-                elif isinstance(a, int):
-                    sig[n] = "i64" if abs(a) >= 2**31 else "i32"
-                elif isinstance(a, float):
-                    sig[n] = "fp32"
-                else:
-                    raise TypeError(f"{kernel.__name__}: argument {n} of type {type(a).__name__}")
-            key = (kernel.__name__, repr(sig), repr(const), repr(opts))
+            if specialise is not None:
+                sig, const, attrs, options = specialise(args, {**kw, **opts})
+            else:
+                (sig, const), attrs, options = _type_signature(kernel, args, kw), None, opts
+            shown = {n: v for n, v in zip(kernel.arg_names, (const.get((i,), const.get(n)) for i, n in
+                                                              enumerate(kernel.arg_names)))
+                     if kernel.params[kernel.arg_names.index(n)].is_constexpr}
+            key = (kernel.__name__, repr(sig), repr(sorted(map(repr, const.items()))), repr(attrs), repr(opts))
             if key not in seen:
-                compiled = triton.compile(ASTSource(kernel, sig, const), target=target, options=opts)
+                compiled = triton.compile(ASTSource(kernel, sig, const, attrs), target=target, options=options)
                 seen[key] = True
                 extra = f" {resources(compiled)}" if show_resources else ""
-                print("compiled", kernel.__name__, {k: str(v) for k, v in const.items()}, opts, extra, flush=True)
+                print("compiled", kernel.__name__, {k: str(v) for k, v in shown.items()}, opts, extra, flush=True)
         return launch
 
     kernel.__class__ = type("AOT" + type(kernel).__name__, (type(kernel),), {"__getitem__": getitem})

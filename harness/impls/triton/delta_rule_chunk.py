@@ -72,9 +72,9 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # (a power of two >= 16); out_bk / prep_bk: key columns per step of the output / per-chunk launch (0: the
 # whole key width at once; else a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half
 # inputs multiply the state in tf32 instead of their own dtype. The device's values in
-# configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with settings spill-free
-# at the H200 shapes (offline compile): chunk 32 for all three parallel launches; at chunk 64, key blocks of
-# 32 over 8 warps in the per-chunk and output launches.
+# configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
+# fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
+# per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
                                             "out_warps": 4, "out_stages": 2, "out_bk": 0, "prep_bk": 0,

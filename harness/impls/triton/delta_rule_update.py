@@ -37,8 +37,7 @@ from reference.delta_rule import L2NORM_EPS
 # streams the state at ~3.9 TB/s at batch 64 and 256); min_programs: small batches halve bv (down to 8) until the
 # grid has at least this many programs, to spread batch 1 over the SMs. The device's values are in
 # configs/<device>/delta_rule_update.json (`harness bench sweep --op gated_delta_rule_update` / `kda_update`).
-# The sweeps try first the (bv, warps) pairs spill-free at the H200 shapes (offline compile): <= 64 state values
-# a thread.
+# The sweeps try first the (bv, warps) pairs with <= 64 state values a thread.
 CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 1, "kda_bv": 32, "kda_warps": 1,
                                               "min_programs": 512})
 

@@ -61,8 +61,8 @@ __all__ = ["kda_varlen", "CONFIG"]
 # of the per-chunk stage's u / Qk u, prep_warps / scan_warps / scan_stages: the launches' num_warps and the
 # scan's load pipelining, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0:
 # always the exact path). The device's values in configs/<device>/kda_chunk.json.
-# Sweep candidates lead with settings spill-free at the H200 shapes (offline compile): bt 16 (both launches), or
-# bt 32 with bv 16 over 8 scan warps (the scan).
+# Sweep candidates lead with the settings of fewest registers: bt 16 (both launches), or bt 32 with bv 16 over 8
+# scan warps (the scan).
 CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_warps": 8, "scan_warps": 4,
                                      "scan_stages": 2, "fast_thr": 96.0})
 

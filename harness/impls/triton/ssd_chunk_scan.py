@@ -266,8 +266,8 @@ def fused_cb_ok(N: int) -> bool:
 # ssd_varlen` tunes): 128-token blocks over 8 warps (two warpgroups of wgmma rows), 64-token source
 # blocks, two stages; 128 registers a thread keeps two such CTAs resident on an SM (without the cap
 # ptxas takes ~170).
-# The ssd_varlen sweep tries first the fused scan spill-free at the H200 shapes (offline compile): block_m 128 over
-# 8 warps, 3 stages, no register cap (a cap of 128 spills there).
+# The ssd_varlen sweep tries first the fused scan with the fewest registers: block_m 128 over 8 warps, 3 stages, no
+# register cap.
 GPU_DEFAULTS = launch_config("ssd_chunk_scan", dict(block_m=128, block_p=64, block_k=64, block_n=64, heads=1,
                                                     num_warps=8, num_stages=2, maxnreg=128, early_epilogue=False),
                              "half")

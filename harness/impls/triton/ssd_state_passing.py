@@ -89,7 +89,7 @@ def ssd_state_passing(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_
     writes each live sequence's final state into ssm_states[cache_indices[s]]. `block` state elements
     and `block_c` chunks per program step (GPU default 1024 = 8 a thread over 4 warps, so the scan over a
     chunk block stays inside each thread, and 8 chunks in flight; the ssd_varlen sweep tries first the settings
-    spill-free at the H200 shapes (offline compile): 8 warps, or 16 chunks of 512 elements over 4)."""
+    with the fewest values a thread: 8 warps, or 16 chunks of 512 elements over 4)."""
     NC, H, P, N = states.shape
     S = query_start_loc.numel() - 1
     prev = torch.empty((NC, H, P, N), dtype=prev_dtype or states.dtype, device=states.device)
