@@ -59,6 +59,7 @@ that reads a slot it was told not to (``has_initial_state`` False, pad rows) pro
 """
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
@@ -78,6 +79,13 @@ from reference.cache import check_block_size, check_cache_mode, snapshot_positio
 from reference.validate import fail
 
 __all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
+
+
+@functools.lru_cache(maxsize=None)
+def _promotes_to(a: torch.dtype, b: torch.dtype) -> bool:
+    """Whether a + b of dtypes a and b is in a (torch's promotion, looked up once per pair: an eager step adds
+    a residual per layer)."""
+    return torch.promote_types(a, b) == a
 
 
 @dataclass
@@ -365,12 +373,13 @@ class EngineRunner:
     def _add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + x in the residual's dtype; where that dtype is the promoted one (an fp32 residual, a bf16
         x), one kernel that reads x as it is (the same sums as casting x first, without the cast's launch)."""
-        if torch.promote_types(residual.dtype, x.dtype) == residual.dtype:
+        if _promotes_to(residual.dtype, x.dtype):
             return residual + x
         return residual + x.to(residual.dtype)
 
     def _rms(self, x, w):
-        return self.impl.ops["gated_rms_norm"](x.to(self.dtype).contiguous(), w, None, eps=float(self.cfg.norm_eps))
+        x = x if x.dtype == self.dtype else x.to(self.dtype)
+        return self.impl.ops["gated_rms_norm"](x.contiguous(), w, None, eps=float(self.cfg.norm_eps))
 
     def forward(self, tokens: torch.Tensor, md) -> torch.Tensor:
         """Hidden states after the last layer's residual add, for the packed step tokens (T,)."""
@@ -381,11 +390,11 @@ class EngineRunner:
             if self.kinds[i] == "mixer":
                 out, conv, ssm = be(h, md, self.pool.conv(j), self.pool.recurrent(j))
             else:
-                out = be.forward(h.to(self.dtype), md, self.pool.kv, j)
+                out = be.forward(h, md, self.pool.kv, j)  # _rms gives the engine dtype
             residual = self._add(residual, out)
             if self.mlps[i] is not None:
                 norm, mlp = self.mlps[i]
-                h = self._rms(residual, norm).to(self.dtype)
+                h = self._rms(residual, norm)
                 y = self.tp.all_reduce(mlp(h))
                 residual = self._add(residual, y)
         return residual
@@ -420,7 +429,7 @@ class EngineRunner:
         sampled, emitted = {}, {}
         if rows:
             h = self._rms(residual[rows], self.norm_f)
-            logits = (h @ self.lm_head.t()).to(torch.float64).cpu()
+            logits = torch.nn.functional.linear(h, self.lm_head).to(torch.float64).cpu()
             choice = logits[:, : self.cfg.vocab_size_unpadded].argmax(-1)
             if self.tp.size > 1:  # rank 0 decides: the ranks' logits may differ in the last bits
                 choice = self.tp.broadcast(choice.to(self.device)).cpu()

@@ -30,6 +30,7 @@ from typing import Hashable, Mapping, Protocol, Sequence
 
 import torch
 
+from harness.engine.families import decode_rows, prefill_rows
 from reference.validate import fail
 
 __all__ = ["DraftProposer", "NoDrafts", "RandomProposer", "OracleProposer", "verify_greedy", "SpecDecodeMixin",
@@ -147,12 +148,12 @@ class SpecDecodeMixin:
             return super().conv(xbc, md, conv_states)
         P = md.num_prefill_tokens
         dec = self.ops["causal_conv1d_update_spec"](
-            xbc[P:], conv_states, self.conv_w, self.conv_b, md.spec_query_start_loc,
+            decode_rows(xbc, P), conv_states, self.conv_w, self.conv_b, md.spec_query_start_loc,
             md.spec_state_indices, md.num_accepted_tokens, activation="silu")
         if not md.num_prefills:
             return dec
         pre = self.ops["causal_conv1d_varlen"](
-            xbc[:P], self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
+            prefill_rows(xbc, P), self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
             md.prefill_state_indices, md.prefill_has_initial_states, activation="silu")
         return torch.cat([pre, dec])
 

@@ -28,7 +28,7 @@ import torch
 from reference.families import Registry
 
 __all__ = ["EngineFamily", "EngineMixer", "RUNNER_OPS", "register", "get", "names", "required_ops", "all_ops",
-           "linear"]
+           "linear", "prefill_rows", "decode_rows", "cast"]
 
 # Ops the model runner calls for every family (the block and final RMSNorms).
 RUNNER_OPS = ("gated_rms_norm",)
@@ -83,8 +83,24 @@ def all_ops() -> tuple[str, ...]:
 
 
 def linear(x, w, b=None):
-    y = x @ w.t()
-    return y + b if b is not None else y
+    """x w^T (+ b): one aten call (torch's linear), as transformers' nn.Linear computes it."""
+    return torch.nn.functional.linear(x, w, b)
+
+
+def cast(t, dtype):
+    """`t` in `dtype`: `t` itself when it is already (no call on an eager step's host path)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def prefill_rows(t, P: int):
+    """The prefill tokens' rows of a step's tensor (the first P): `t` itself when every row is one (no slice
+    op on an eager step's host path)."""
+    return t if P == t.shape[0] else t[:P]
+
+
+def decode_rows(t, P: int):
+    """The decode rows of a step's tensor (from row P on): `t` itself in a decode-only step."""
+    return t if P == 0 else t[P:]
 
 
 class EngineMixer:
@@ -120,7 +136,7 @@ class EngineMixer:
     def out_proj(self, y: torch.Tensor) -> torch.Tensor:
         """The row-parallel output projection: this rank's partial product, summed over the ranks, then
         the (replicated) bias."""
-        out = self.tp.all_reduce(y.to(self.dtype) @ self.out_w.t())
+        out = self.tp.all_reduce(linear(cast(y, self.dtype), self.out_w))
         return out + self.out_b if self.out_b is not None else out
 
     def conv_weight(self) -> torch.Tensor:
@@ -143,11 +159,11 @@ class EngineMixer:
         parts = []
         if md.num_prefills:
             parts.append(self.ops["causal_conv1d_varlen"](
-                xbc[:P], self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
+                prefill_rows(xbc, P), self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
                 md.prefill_state_indices, md.prefill_has_initial_states, activation="silu"))
         if md.num_decodes:
             parts.append(self.ops["causal_conv1d_update"](
-                xbc[P:], conv_states, self.conv_w, self.conv_b, md.decode_state_indices,
+                decode_rows(xbc, P), conv_states, self.conv_w, self.conv_b, md.decode_state_indices,
                 activation="silu"))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 

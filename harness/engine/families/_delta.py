@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from harness.engine.attention import paged_attention, token_positions
-from harness.engine.families import linear
+from harness.engine.families import decode_rows, linear, prefill_rows
 
 PROJ = ("gate_proj", "up_proj", "down_proj")
 
@@ -30,10 +30,11 @@ def delta_step(ops, varlen: str, update: str, md, q, k, v, g, beta, ssm_states):
     P = md.num_prefill_tokens
     outs = []
     if md.num_prefills:
-        outs.append(ops[varlen](q[:P], k[:P], v[:P], g[:P], beta[:P], ssm_states, md.prefill_query_start_loc,
-                                md.prefill_state_indices, md.prefill_has_initial_states, use_qk_l2norm=True))
+        outs.append(ops[varlen](*(prefill_rows(t, P) for t in (q, k, v, g, beta)), ssm_states,
+                                md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
+                                use_qk_l2norm=True))
     if md.num_decodes:
-        outs.append(ops[update](q[P:], k[P:], v[P:], g[P:], beta[P:], ssm_states, md.decode_state_indices,
+        outs.append(ops[update](*(decode_rows(t, P) for t in (q, k, v, g, beta)), ssm_states, md.decode_state_indices,
                                 use_qk_l2norm=True))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 

@@ -74,8 +74,11 @@ class GDNMixer(EngineMixer):
         b, a = torch.split(linear(h, self.ba_w), [Hv, Hv], dim=-1)
         qkv = self.conv(qkv, md, conv_states)  # qkv, z, then q, k, v: views (the ops take strided inputs)
         q, k, v = torch.split(qkv, [Hk * K, Hk * K, Hv * V], dim=-1)
-        g = (self.A * F.softplus(a.to(self._pdt) + self.dt_bias)).to(self.dtype).contiguous()
-        beta = torch.sigmoid(b.to(self._pdt)).to(self.dtype).contiguous()
+        # g in float32 (float64 for a float64 engine), as engines keep it (the ops take it so); a + dt_bias reads
+        # a as it is (promotion: the sums of casting it first, without the cast's launch); sigmoid in the
+        # activation dtype computes in float32 and rounds once, as a cast of the float32 sigmoid would
+        g = self.A * F.softplus(a + self.dt_bias)
+        beta = torch.sigmoid(b)
         o = delta_step(self.ops, "gated_delta_rule_varlen", "gated_delta_rule_update", md,
                        q.reshape(T, Hk, K), k.reshape(T, Hk, K), v.reshape(T, Hv, V), g, beta, ssm_states)
         y = self.ops["gated_rms_norm"](o.reshape(T, Hv * V).to(self.dtype).contiguous(), self.norm_w,

@@ -59,9 +59,11 @@ class KDAMixer(EngineMixer):
         T, H, D = h.shape[0], self.H, cfg.head_dim
         qkv = self.conv(linear(h, self.qkv_w).contiguous(), md, conv_states)
         q, k, v = (x.reshape(T, H, D) for x in torch.split(qkv, [H * D] * 3, dim=-1))  # views
-        f = linear(linear(h, self.fa_w), self.fb_w).reshape(T, H, D).to(self._pdt)
-        g = (self.A * F.softplus(f + self.dt_bias)).to(self.dtype).contiguous()
-        beta = torch.sigmoid(linear(h, self.b_w).to(self._pdt)).to(self.dtype).contiguous()
+        # g in float32 (float64 for a float64 engine), as engines keep it; the gate's low-rank output is read as
+        # it is by the add (promotion), beta's sigmoid computes in float32 and rounds once (see gdn.py)
+        f = linear(linear(h, self.fa_w), self.fb_w).reshape(T, H, D)
+        g = self.A * F.softplus(f + self.dt_bias)
+        beta = torch.sigmoid(linear(h, self.b_w))
         o = delta_step(self.ops, "kda_varlen", "kda_update", md, q, k, v, g, beta, ssm_states)
         y = self.ops["gated_rms_norm"](o.reshape(T, H * D).to(self.dtype).contiguous(), self.norm_w, None,
                                        eps=float(cfg.norm_eps), group_size=D)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.engine.families import EngineFamily, EngineMixer, linear, register
+from harness.engine.families import EngineFamily, EngineMixer, decode_rows, linear, prefill_rows, register
 from harness.engine.spec import SpecDecodeMixin
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "selective_scan_varlen", "selective_state_update")
@@ -49,19 +49,21 @@ class Mamba1Mixer(SpecDecodeMixin, EngineMixer):
         xz = linear(h, self.in_w, self.in_b)
         x, z = xz[:, :Dm], xz[:, Dm:]  # views: the ops take strided inputs (harness.ops)
         x = self.conv(x, md, conv_states)
-        x_dbl = self.tp.all_reduce(x @ self.x_proj.t())  # row parallel
+        x_dbl = self.tp.all_reduce(linear(x, self.x_proj))  # row parallel
         dt_low, B, C = self.norm_ssm_inputs(x_dbl)
-        dt = (dt_low @ self.dt_proj.t()).contiguous()
+        dt = linear(dt_low, self.dt_proj)
         B, C = B.unsqueeze(1), C.unsqueeze(1)
         ys = []
         if md.num_prefills:
+            xp, dtp, Bp, Cp, zp = (prefill_rows(t, P) for t in (x, dt, B, C, z))
             ys.append(self.ops["selective_scan_varlen"](
-                x[:P], dt[:P], self.A, B[:P], C[:P], self.D, z[:P], self.dt_bias, ssm_states,
+                xp, dtp, self.A, Bp, Cp, self.D, zp, self.dt_bias, ssm_states,
                 md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
                 delta_softplus=True))
         if md.num_decodes:
-            ys.append(self.state_update(md, ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, z[P:],
-                                        self.dt_bias, dt_softplus=True))
+            xd, dtd, Bd, Cd, zd = (decode_rows(t, P) for t in (x, dt, B, C, z))
+            ys.append(self.state_update(md, ssm_states, xd, dtd, self.A, Bd, Cd, self.D, zd, self.dt_bias,
+                                        dt_softplus=True))
         y = ys[0] if len(ys) == 1 else torch.cat(ys)
         return self.out_proj(y)
 

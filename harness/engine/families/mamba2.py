@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.engine.families import EngineFamily, EngineMixer, linear, register
+from harness.engine.families import EngineFamily, EngineMixer, cast, decode_rows, linear, prefill_rows, register
 from harness.engine.spec import SpecDecodeMixin
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "ssd_varlen", "selective_state_update", "gated_rms_norm")
@@ -55,15 +55,17 @@ class Mamba2Mixer(SpecDecodeMixin, EngineMixer):
         lim = tuple(float(v) for v in cfg.time_step_limit)
         ys = []
         if md.num_prefills:
+            xp, dtp, Bp, Cp = (prefill_rows(t, P) for t in (x, dt, B, C))
             ys.append(self.ops["ssd_varlen"](
-                x[:P], dt[:P], self.A, B[:P], C[:P], self.chunk_size, self.D, None, self.dt_bias, ssm_states,
+                xp, dtp, self.A, Bp, Cp, self.chunk_size, self.D, None, self.dt_bias, ssm_states,
                 md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
                 dt_softplus=True, dt_limit=lim))
         if md.num_decodes:
-            ys.append(self.state_update(md, ssm_states, x[P:], dt[P:], self.A, B[P:], C[P:], self.D, None,
-                                        self.dt_bias, dt_softplus=True, dt_limit=lim))
+            xd, dtd, Bd, Cd = (decode_rows(t, P) for t in (x, dt, B, C))
+            ys.append(self.state_update(md, ssm_states, xd, dtd, self.A, Bd, Cd, self.D, None, self.dt_bias,
+                                        dt_softplus=True, dt_limit=lim))
         y = ys[0] if len(ys) == 1 else torch.cat(ys)
-        y = y.reshape(T, Di).to(self.dtype).contiguous()
+        y = cast(y.reshape(T, Di), self.dtype)  # (T, H, P) rows: contiguous
         if self.tp.size > 1 and cfg.n_groups == 1:
             y = self.gated_norm_across_ranks(y, z)
         else:
