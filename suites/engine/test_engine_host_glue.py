@@ -1,0 +1,80 @@
+"""Engine host path: the aten calls an eager decode step makes outside the op contract.
+
+Serving engines run decode eagerly when they do not capture it, and at decode sizes each call on the host
+(a projection, a cast, a slice, a reshape) costs microseconds of Python and dispatcher time whether or not it
+launches a kernel. The engine keeps that glue small: projections are one `linear` call, a decode-only step
+passes its tensors and metadata parts whole (no per-layer slices), no-op casts are skipped, the delta rules'
+gates stay in float32. Counted here with a dispatch mode around one decode step of a tiny two-layer model
+(the family's own layer kinds: hybrids count their attention and MLP layers too), each op of the contract
+counted as one call and its insides left out: a change that adds glue to the step fails with the calls it
+makes.
+"""
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.engine import BatchEntry, build_metadata
+from harness.engine.runner import EngineRunner
+from harness.impls.registry import Impl, get
+from harness.scenarios import random_params, tiny_config
+
+# aten calls outside the ops in one decode step of four rows through the tiny config's two layers, with a
+# little room for torch versions that decompose a call differently (counted with torch 2.13: Mamba-1 22,
+# Falcon-Mamba 26, Mamba-2 20; the hybrids' tiny configs hold a full-attention layer, whose paged attention
+# in torch is most of their 290 / 240 calls)
+BUDGET = {"mamba1": 24, "falcon_mamba": 28, "mamba2": 22, "gdn": 300, "kda": 250}
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls, self.inside = Counter(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside:
+            self.calls[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counting(impl, mode):
+    """`impl` whose ops count as one call each and hide their own aten calls from `mode`."""
+    def wrap(name, fn):
+        def call(*a, **kw):
+            mode.calls["op:" + name] += 1
+            mode.inside += 1
+            try:
+                return fn(*a, **kw)
+            finally:
+                mode.inside -= 1
+        return call
+    return Impl(name=impl.name, ops={n: wrap(n, f) for n, f in impl.ops.items()}, devices=impl.devices,
+                dtypes=impl.dtypes)
+
+
+@pytest.mark.parametrize("family", sorted(BUDGET))
+def test_decode_step_glue_is_within_budget(family, device):
+    if not device.startswith("cpu"):
+        pytest.skip("the engine's host calls are counted on the CPU run (the torch implementation, float32)")
+    cfg = tiny_config(family, n_layer=2)
+    mode = _Count()
+    runner = EngineRunner((cfg, random_params(cfg, 0)), _counting(get("torch"), mode), num_slots=4,
+                          token_budget=16, dtype=torch.float32, poison_free_slots=False)
+    kv = getattr(runner.pool, "kv", None)  # hybrids: the attention layers' pages, reserved as a step does
+    for _ in range(4):
+        slot = runner.pool.alloc()
+        if kv is not None:
+            kv.reserve(slot, 1)
+    md = build_metadata([BatchEntry(i, i, 0, 1, True) for i in range(4)], chunk_size=runner.chunk_size,
+                        device="cpu")
+    tokens = torch.zeros(4, dtype=torch.long)
+    with torch.inference_mode():
+        runner.forward(tokens, md)  # first step: lazily built state
+        mode.calls.clear()
+        with mode:
+            runner.forward(tokens, md)
+    glue = {k: v for k, v in mode.calls.items() if not k.startswith("op:")}
+    n = sum(glue.values())
+    assert n <= BUDGET[family], (f"{family}: a decode step makes {n} aten calls outside the ops (budget "
+                                 f"{BUDGET[family]}): {dict(Counter(glue).most_common())}")
