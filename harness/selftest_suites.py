@@ -125,6 +125,12 @@ SUITE_VARIANTS = [
         "(selective_state_update or gated_delta_rule_varlen or causal_conv1d_varlen)",
         impl="torch_contiguous_rows", why="planted below the engine, where the suite names the op and the "
         "arguments (the engine's mixers hand the ops views, so the scenario properties see it too)"),
+    SuiteVariant(
+        "in_place_state_from_output", "24", "the conv update run in place (out is x, as vLLM and SGLang run it) "
+        "writes the output over x, then shifts the slots' windows in from x: the states take the outputs",
+        "suites/ops/test_ops_out_aliasing.py", "test_in_place_matches_out_of_place and causal_conv1d_update and "
+        "not spec", impl="torch_state_from_output",
+        why="the engine passes no out= to the conv update: only the op suite runs it in place"),
 ]
 
 

@@ -12,6 +12,8 @@ writes into the real pool and `out`, so the suites exercise their own plumbing o
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from harness.impls.registry import Impl, register
@@ -27,7 +29,11 @@ def _compute_dtype(args, kwargs):
 
 
 def _bind(s):
+    takes = set(inspect.signature(s.validate).parameters)  # the options the validator checks
+
     def op(*args, **kwargs):
+        # the contract's checks as every implementation makes them (out= included), then the reference's own
+        s.validate(*args, **{k: v for k, v in kwargs.items() if k in takes})
         return s.reference(_compute_dtype(args, kwargs), *args, **kwargs)
     op.__name__ = f"reference_{s.name}"
     op.__doc__ = f"The reference for `{s.name}` (see harness.ops), in the inputs' precision (fp32 for half types)."

@@ -29,7 +29,10 @@ Conventions for every op
   Implementations address their inputs through the strides (or copy), never as contiguous rows
   (`suites/ops/test_ops_strided_inputs.py`).
 * `out=`: an optional preallocated output (suites poison it with NaN before the call); the op writes
-  into it and returns it. Without `out`, a new tensor is returned.
+  into it and returns it. Without `out`, a new tensor is returned. `out` shares no element with an argument
+  (the state pool included): an overlap is bad input, rejected first by every validator -- but for the ops
+  engines run in place (the spec's `in_place`: the conv updates' x, as vLLM and SGLang write into it), where
+  `out` may be that very tensor and the result is the out-of-place one, bit for bit.
 * Inputs are read-only: an op writes only its state pool (`*_states`, the named slots) and `out=`.
   Every other tensor argument (activations, dt, A, dt_bias, weights, indices, offsets, flags) is left
   bit-for-bit unchanged -- no in-place softplus, bias add, cast or reordering on the caller's tensors,
@@ -72,8 +75,39 @@ def _discover() -> None:
             raise ImportError(f"harness.ops.{m.name}: expected a module-level SPEC = OpSpec(...), got {spec!r}")
         if spec.name != m.name:
             raise ImportError(f"harness.ops.{m.name}: expected SPEC.name == {m.name!r}, got {spec.name!r}")
+        plain = spec.validate
+        _guard_out(spec)
+        for attr, value in list(vars(mod).items()):  # the module's own name for its validator (its reference
+            if value is plain:                        # op validates through it) is the guarded one too
+                setattr(mod, attr, spec.validate)
         SPECS[spec.name] = spec
         globals()[f"validate_{spec.name}"] = spec.validate
+
+
+def _guard_out(spec: OpSpec) -> None:
+    """The spec's `validate` and `checks`, each first rejecting an `out=` that shares memory with an argument
+    (`_checks.check_out_alone`; `spec.in_place` may be `out` itself). Both get the same check first, so the
+    validator's fast path and its rule-by-rule path still agree on every input."""
+    import inspect
+
+    from harness.ops._checks import check_out_alone
+
+    def guarded(fn):
+        names = list(inspect.signature(fn).parameters)
+        i_out = names.index("out")
+        tensor_args = [a for a in spec.args if a in names]
+
+        def call(*args, **kw):
+            out = args[i_out] if len(args) > i_out else kw.get("out")
+            if out is not None:
+                bound = dict(zip(names, args))
+                bound.update(kw)
+                check_out_alone(out, {a: bound.get(a) for a in tensor_args}, spec.in_place)
+            return fn(*args, **kw)
+        call.__doc__, call.__wrapped__ = getattr(fn, "__doc__", None), fn
+        return call
+    object.__setattr__(spec, "validate", guarded(spec.validate))
+    object.__setattr__(spec, "checks", guarded(spec.checks))
 
 
 _discover()

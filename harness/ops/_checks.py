@@ -404,3 +404,60 @@ def spec_decode_ok(query_start_loc, table, num_accepted_tokens, num_tokens: int,
         if longest > S or lo < 1 or hi > S:
             return None
     return Bsz, S
+
+
+# --------------------------------------------------------------------------------------------------- out=
+
+def _byte_extent(t) -> tuple[int, int] | None:
+    """[first, last + 1) byte addresses a tensor's elements lie within (None: no elements, or no memory)."""
+    if t.numel() == 0 or t.device.type == "meta":
+        return None
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    start = t.data_ptr()
+    return start, start + (span + 1) * t.element_size()
+
+
+def _element_bytes(t, base: int):
+    """Every byte address (relative to `base`) of `t`'s elements, as a CPU int64 tensor (metadata only)."""
+    e = t.element_size()
+    idx = torch.zeros((), dtype=torch.int64)
+    for n, s in zip(t.shape, t.stride()):
+        idx = idx.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * (s * e)
+    return (idx.reshape(-1, 1) + torch.arange(e, dtype=torch.int64) + (t.data_ptr() - base)).reshape(-1)
+
+
+def shares_memory(a, b) -> bool:
+    """Whether tensors `a` and `b` have an element byte in common. From their metadata alone (addresses,
+    shapes, strides): disjoint address ranges answer at once; interleaved views of one buffer (the x and z
+    halves of a projection) are told apart element by element, on the CPU, only when their ranges meet."""
+    if a.device != b.device:
+        return False
+    ea, eb = _byte_extent(a), _byte_extent(b)
+    if ea is None or eb is None or ea[1] <= eb[0] or eb[1] <= ea[0]:
+        return False
+    base = min(ea[0], eb[0])
+    mark = torch.zeros(max(ea[1], eb[1]) - base, dtype=torch.bool)
+    mark[_element_bytes(a, base)] = True
+    return bool(mark[_element_bytes(b, base)].any())
+
+
+def same_view(a, b) -> bool:
+    """`a` and `b` are the same elements in the same order: one tensor, or two views of it alike."""
+    return (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and a.data_ptr() == b.data_ptr())
+
+
+def check_out_alone(out, tensors: dict, in_place: str | None = None) -> None:
+    """`out=` shares no memory with the op's tensor arguments (`tensors`: name -> tensor or None; the state
+    pool among them), or is the argument `in_place` itself (the op then writes its result over that input,
+    as engines run some ops in place). An output that overlaps an input would be read after it is written."""
+    if out is None or not isinstance(out, _Tensor):
+        return
+    for name, t in tensors.items():
+        if not isinstance(t, _Tensor) or not shares_memory(out, t):
+            continue
+        if name == in_place and same_view(out, t):
+            continue
+        own = "memory of its own (no element shared with an input or the state pool)"
+        expected = own if in_place is None else f"{own}, or {in_place} itself (in place)"
+        fail("out", expected, f"elements shared with {name}")

@@ -71,6 +71,7 @@ def flops(inp):
 
 SPEC = OpSpec(
     name="causal_conv1d_update",
+    in_place="x",  # vLLM and SGLang run it in place: their out defaults to x
     args=("x", "conv_states", "weight", "bias", "conv_state_indices"),
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="conv_state_indices",

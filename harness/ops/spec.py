@@ -35,6 +35,10 @@ shapes      {"cpu": [...], "gpu": [...]}: benchmark shapes per device kind; "con
 bad_inputs  op-specific malformed inputs: (what, argument the error must name, mutate(kwargs) -> None);
             the generic ones (dtypes, ranks, slot ids, query_start_loc, `out=`) are derived from the roles.
 tokens      tokens(shape) -> int | None: tokens processed per call (for tok/s), from a benchmark shape.
+in_place    the positional argument `out=` may be itself (the op then writes over that input, as engines run
+            it: vLLM's conv update writes into x by default), or None. Any other `out=` that shares memory
+            with an argument (the pool included) is bad input: `validate` and `checks` both reject it first
+            (harness.ops wraps them with `_checks.check_out_alone`).
 """
 from __future__ import annotations
 
@@ -61,12 +65,13 @@ class OpSpec:
     index: str | None = None
     bad_inputs: tuple = ()
     doc: str = ""
+    in_place: str | None = None
 
     def __post_init__(self):
         missing = [k for k in ("cpu", "gpu", "contract") if not self.shapes.get(k)]
         if missing:
             fail(f"OpSpec({self.name!r}).shapes", "non-empty 'cpu', 'gpu' and 'contract' lists", f"missing {missing}")
-        for role in ("pool", "index"):
+        for role in ("pool", "index", "in_place"):
             a = getattr(self, role)
             if a is not None and a not in self.args:
                 fail(f"OpSpec({self.name!r}).{role}", f"one of the positional args {self.args}", repr(a))

@@ -155,6 +155,24 @@ def contiguous_rows(base):
                                ops={name: wrap(name, fn) for name, fn in base.ops.items()})
 
 
+def state_from_output(base):
+    """`base` whose conv update, run in place (`out` is x, as vLLM and SGLang run it), writes the output over x
+    first and then shifts the slots' windows in from x -- which holds the output by then: the outputs are
+    right, the conv states take each row's activated output as its newest input. Out of place it is right
+    (bug class 24)."""
+    def wrap(fn):
+        def op(x, conv_states, weight, bias, conv_state_indices, *, out=None, **kwargs):
+            if out is None or out.data_ptr() != x.data_ptr():
+                return fn(x, conv_states, weight, bias, conv_state_indices, out=out, **kwargs)
+            y = fn(x, conv_states.clone(), weight, bias, conv_state_indices, **kwargs)  # the outputs, right
+            x.copy_(y)  # written over the input
+            fn(x.clone(), conv_states, weight, bias, conv_state_indices, **kwargs)  # windows from x, now y
+            return x
+        return op
+    ops = {"causal_conv1d_update": wrap(base.ops["causal_conv1d_update"])}
+    return dataclasses.replace(base, name=f"{base.name}[in-place state from the output]", ops={**base.ops, **ops})
+
+
 def _torch():
     from harness.impls import registry
     return registry.get("torch")
@@ -175,6 +193,10 @@ def torch_dt_in_place():
 
 def torch_contiguous_rows():
     return contiguous_rows(_torch())
+
+
+def torch_state_from_output():
+    return state_from_output(_torch())
 
 
 def torch_restarts_at_tiles():
