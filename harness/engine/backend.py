@@ -94,8 +94,7 @@ class MixerBackend:
             fail("hidden", f"a (T, d_model={self.cfg.d_model}) tensor", f"shape {tuple(hidden.shape)}")
         if hidden.shape[0] != md.num_tokens:
             fail("hidden", f"{md.num_tokens} rows (the metadata's token count)", f"{hidden.shape[0]} rows")
-        out = self.mixer.forward(hidden if hidden.dtype == self.dtype else hidden.to(self.dtype), md, conv_states,
-                                 ssm_states)
+        out = self.mixer.forward(families.cast(hidden, self.dtype), md, conv_states, ssm_states)
         return out, conv_states, ssm_states
 
     def __call__(self, hidden, md, conv_states, ssm_states):

@@ -100,28 +100,34 @@ class MambaMetadata:
     # (a step of only one kind gets the whole tensor: no slice op per layer on an eager step's host path)
     @property
     def prefill_query_start_loc(self) -> torch.Tensor:
-        return _head(self.query_start_loc, self.num_prefills + 1)
+        return prefill_rows(self.query_start_loc, self.num_prefills + 1)
 
     @property
     def prefill_state_indices(self) -> torch.Tensor:
-        return _head(self.state_indices, self.num_prefills)
+        return prefill_rows(self.state_indices, self.num_prefills)
 
     @property
     def prefill_has_initial_states(self) -> torch.Tensor:
-        return _head(self.has_initial_states, self.num_prefills)
+        return prefill_rows(self.has_initial_states, self.num_prefills)
 
     @property
     def decode_state_indices(self) -> torch.Tensor:
-        return self.state_indices if self.num_prefills == 0 else self.state_indices[self.num_prefills:]
+        return decode_rows(self.state_indices, self.num_prefills)
 
     @property
     def prefill_seq_idx(self) -> torch.Tensor:
         return self.seq_idx[: self.num_prefill_tokens]
 
 
-def _head(t: torch.Tensor, n: int) -> torch.Tensor:
-    """t[:n], or t itself when that is all of it."""
-    return t if n == t.shape[0] else t[:n]
+def prefill_rows(t: torch.Tensor, P: int) -> torch.Tensor:
+    """The first P rows of a step's tensor (its prefill part): `t` itself when they are all of it (no slice op
+    per layer on an eager step's host path)."""
+    return t if P == t.shape[0] else t[:P]
+
+
+def decode_rows(t: torch.Tensor, P: int) -> torch.Tensor:
+    """The rows of a step's tensor from row P on (its decode part): `t` itself in a decode-only step."""
+    return t if P == 0 else t[P:]
 
 
 def chunk_indices_offsets(cu_seqlens: Sequence[int], chunk_size: int) -> tuple[list[int], list[int]]:

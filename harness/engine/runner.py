@@ -378,8 +378,8 @@ class EngineRunner:
         return residual + x.to(residual.dtype)
 
     def _rms(self, x, w):
-        x = x if x.dtype == self.dtype else x.to(self.dtype)
-        return self.impl.ops["gated_rms_norm"](x.contiguous(), w, None, eps=float(self.cfg.norm_eps))
+        return self.impl.ops["gated_rms_norm"](engine_families.cast(x, self.dtype).contiguous(), w, None,
+                                               eps=float(self.cfg.norm_eps))
 
     def forward(self, tokens: torch.Tensor, md) -> torch.Tensor:
         """Hidden states after the last layer's residual add, for the packed step tokens (T,)."""

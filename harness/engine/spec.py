@@ -30,7 +30,7 @@ from typing import Hashable, Mapping, Protocol, Sequence
 
 import torch
 
-from harness.engine.families import decode_rows, prefill_rows
+from harness.engine.metadata import decode_rows, prefill_rows
 from reference.validate import fail
 
 __all__ = ["DraftProposer", "NoDrafts", "RandomProposer", "OracleProposer", "verify_greedy", "SpecDecodeMixin",

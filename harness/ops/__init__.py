@@ -75,11 +75,7 @@ def _discover() -> None:
             raise ImportError(f"harness.ops.{m.name}: expected a module-level SPEC = OpSpec(...), got {spec!r}")
         if spec.name != m.name:
             raise ImportError(f"harness.ops.{m.name}: expected SPEC.name == {m.name!r}, got {spec.name!r}")
-        plain = spec.validate
         _guard_out(spec)
-        for attr, value in list(vars(mod).items()):  # the module's own name for its validator (its reference
-            if value is plain:                        # op validates through it) is the guarded one too
-                setattr(mod, attr, spec.validate)
         SPECS[spec.name] = spec
         globals()[f"validate_{spec.name}"] = spec.validate
 

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from harness.engine.metadata import decode_rows, prefill_rows
 from reference.families import Registry
 
 __all__ = ["EngineFamily", "EngineMixer", "RUNNER_OPS", "register", "get", "names", "required_ops", "all_ops",
@@ -90,17 +91,6 @@ def linear(x, w, b=None):
 def cast(t, dtype):
     """`t` in `dtype`: `t` itself when it is already (no call on an eager step's host path)."""
     return t if t.dtype == dtype else t.to(dtype)
-
-
-def prefill_rows(t, P: int):
-    """The prefill tokens' rows of a step's tensor (the first P): `t` itself when every row is one (no slice
-    op on an eager step's host path)."""
-    return t if P == t.shape[0] else t[:P]
-
-
-def decode_rows(t, P: int):
-    """The decode rows of a step's tensor (from row P on): `t` itself in a decode-only step."""
-    return t if P == 0 else t[P:]
 
 
 class EngineMixer:

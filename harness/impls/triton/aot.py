@@ -109,9 +109,9 @@ def _intercept(kernel, seen, target, show_resources: bool = False):
                 sig, const, attrs, options = specialise(args, {**kw, **opts})
             else:
                 (sig, const), attrs, options = _type_signature(kernel, args, kw), None, opts
-            shown = {n: v for n, v in zip(kernel.arg_names, (const.get((i,), const.get(n)) for i, n in
-                                                              enumerate(kernel.arg_names)))
-                     if kernel.params[kernel.arg_names.index(n)].is_constexpr}
+            # the constexprs by name (the JIT's packing keys them by argument position)
+            shown = {n: const.get((i,), const.get(n)) for i, n in enumerate(kernel.arg_names)
+                     if kernel.params[i].is_constexpr}
             key = (kernel.__name__, repr(sig), repr(sorted(map(repr, const.items()))), repr(attrs), repr(opts))
             if key not in seen:
                 compiled = triton.compile(ASTSource(kernel, sig, const, attrs), target=target, options=options)
