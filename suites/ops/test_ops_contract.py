@@ -192,6 +192,32 @@ def test_aot_specialises_like_the_jit():
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 
 
+_AOT_WIDE = """
+import sys
+from unittest import mock
+import harness.impls.triton.delta_rule_chunk as gdn
+from harness.impls.triton import aot
+with mock.patch.object(gdn, "WIDE_SPAN", 0):
+    sys.exit(aot.main(["--op", "gated_delta_rule_varlen,kda_varlen", "float32"]))
+"""
+
+
+def test_aot_compiles_the_wide_offset_variants():
+    """The GDN and KDA prefill kernels' 64-bit tile-offset variants (taken only for views whose chunk rows span
+    2**31 elements, so no spec shape reaches them) compile for sm_90: forced here by lowering
+    delta_rule_chunk.WIDE_SPAN to 0. (A jit helper returning a 32- or 64-bit tensor from two return statements
+    compiled under the interpreter but not for the GPU.)"""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _AOT_WIDE], env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode == 2:
+        pytest.skip(f"cannot compile for sm_90 here: {r.stdout.strip().splitlines()[-1:]}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "'WIDE': 'True'" in r.stdout, r.stdout[-2000:]
+
+
 def test_aot_resources_and_op_filter():
     """`python -m harness.impls.triton.aot --op X --resources` compiles only X's kernels and gives each
     variant's registers, local memory and shared memory; an unknown op or dtype is a usage error."""

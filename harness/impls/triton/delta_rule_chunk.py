@@ -191,7 +191,7 @@ def _tile_rows(rows, WIDE: tl.constexpr):
     """The chunk's row numbers for tile offsets: 32-bit, or 64-bit where a chunk's rows span 2**31 elements
     or more (WIDE: a view with a huge row stride)."""
     if WIDE:
-        return rows.to(tl.int64)
+        rows = rows.to(tl.int64)
     return rows
 
 
