@@ -33,7 +33,8 @@
 # assertion (default skip: those verdicts are written-up findings; errors and crashes always run again);
 # BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
 # SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
-# seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S).
+# seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S); COMPUTE_SANITIZER the compute-sanitizer the replays
+# of faulted tests run under (default: the installed one; empty: none).
 #
 # Steps and what each writes into the baseline folder:
 #   env         env.json: versions, GPU, clocks, peers found; each later step adds its exit code and seconds
@@ -233,7 +234,7 @@ step_tp() {
 # source line and the access), each within REPLAY_S seconds (default 120) and the budget -> OUT
 replay_faults() {
   [ -s "$1" ] || return 0
-  local cs id; cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  local cs id; cs=${COMPUTE_SANITIZER-$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)}
   python3 -c "
 import json, sys
 seen = []

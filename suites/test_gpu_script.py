@@ -78,8 +78,9 @@ def test_resumed_bench_replaces_only_the_records_it_timed_again(tmp_path):
 
 def test_faulted_tests_have_their_calls_replayed(tmp_path):
     """After the suites or peers step, each test whose outcome line carries a last op call (it lost the CUDA
-    context) has that call run again by `harness replay` (under compute-sanitizer where installed), once per
-    test, into the replay log; lines without a call are passed over."""
+    context) has that call run again by `harness replay` (under compute-sanitizer where installed; not here:
+    the replayed call is a CPU one), once per test, into the replay log; lines without a call are passed
+    over."""
     import json
     import os
 
@@ -102,7 +103,8 @@ def test_faulted_tests_have_their_calls_replayed(tmp_path):
     fn = fn[:fn.index("\n}\n") + 2]
     script = f'left() {{ echo 999; }}\nlimit() {{ echo "$1"; }}\nlog() {{ :; }}\n{fn}\nreplay_faults "$1" "$2"'
     r = subprocess.run(["bash", "-c", script, "-", str(outcomes), str(log)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"]})
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"],
+                            "COMPUTE_SANITIZER": ""})
     assert r.returncode == 0, r.stderr
     text = log.read_text()
     assert text.count("== suites/a.py::test_f[x y]") == 1 and "test_g" not in text, text
