@@ -128,7 +128,8 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (16, 4, 2), (16, 4, 1), (32, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2),
             (16, 4, 3), (64, 8, 2), (64, 8, 3), (16, 1, 2), (16, 2, 3)])),
         # the parallel output launch (chunks x value heads x value blocks of out_bv rows): no effect on "scan"
-        # (key blocks of 32 / 16 first, the fewest registers; then the whole key width)
+        # (key blocks of 32 / 16 first, the fewest registers; then the module's 64-column blocks; never the
+        # whole width of 128 columns at two stages, which Triton 3.6 compiles wrongly: docs/findings.md)
         SweepGroup("output", "delta_rule_chunk", _first(_rows(("out_bk", "out_bv", "out_warps", "out_stages"), [
             (32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (32, 64, 8, 3)]),
             _rows(("out_bv", "out_warps", "out_stages"), [
@@ -143,7 +144,7 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         # the groups before may have picked chunk-64 values
         SweepGroup("chunk", "delta_rule_chunk", _first([
             dict(chunk=32, sub=sub, prep_warps=pw, bv=bv, scan_warps=4, scan_stages=2, out_bv=ob, out_warps=8,
-                 out_stages=2, out_bk=0, prep_bk=0)
+                 out_stages=2, out_bk=64, prep_bk=0)
             for sub, pw, bv, ob in ((16, 4, 16, 64), (32, 8, 16, 32), (16, 8, 32, 64))],
             [{"chunk": 32, "sub": 16}, {"chunk": 32, "sub": 32, "bv": 64}, {"chunk": 64, "state_tf32": True}])),
     ],

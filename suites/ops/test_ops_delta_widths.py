@@ -45,3 +45,21 @@ def test_prefill_at_every_width_class(impl, kind, K, V, dtype, l2, device, check
     Hk, Hv = (2, 4) if kind == "gdn" else (2, 2)
     run_varlen_case(check, fn, impl.name, op, kind, CASE, Hk=Hk, Hv=Hv, K=K, V=V, dtype=dtype, device=device,
                     seed=K * 1000 + V, l2=l2, scale=0.25)
+
+
+@pytest.mark.parametrize("V", [64, 128], ids=["V64", "V128"])
+def test_gdn_half_k128_outputs_every_time(impl, V, device, check):
+    """GDN at fp16, K = 128, l2norm, run four times: Triton 3.6 compiled the output launch's one-pass loop over
+    one whole (64, 128) block per operand at two pipeline stages to outputs off by 10-30 % on the H200 in most
+    runs, not all (docs/findings.md); the launch now walks 64-column blocks. The width grid runs this class
+    once; here a run that comes out right by chance does not hide the fault."""
+    op = OPS["gdn"]
+    require(impl, op, torch.float16, device)
+    fn = impl.op(op)
+    if getattr(fn, "__module__", "").startswith("harness.impls.adapters"):
+        pytest.skip(f"{impl.name}: a peer's adapter; the drawn cases of test_ops_delta_rule.py cover it")
+    if interp_small(device, impl):
+        pytest.skip("a fault of the GPU compile at half inputs; the Triton interpreter runs no compiled code")
+    for _ in range(4):
+        run_varlen_case(check, fn, impl.name, op, "gdn", CASE, Hk=2, Hv=4, K=128, V=V, dtype=torch.float16,
+                        device=device, seed=128 * 1000 + V, l2=True, scale=0.25)

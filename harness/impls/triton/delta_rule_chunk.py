@@ -22,14 +22,14 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
    a per-chunk-slot scratch (slot, Hv, V, K).
 3. `_gdn_out_kernel`, one program per (chunk slot, value head, block of BV value rows), all in parallel:
        o = (exp(G) q) S_c^T + (lower(q k^T) * exp(G_i - G_j)) v'.
-   It loads q and k and l2-normalises them itself: that is a row reduction over a (C, K) tile, small beside
-   the (C, C, K) and (C, BV, K) dots of the same program, while storing normalised copies once per key head
-   would cost a write and a read of two (T, Hk, K) tensors and, for half inputs, round q twice (once stored,
-   again after the exp(G) factor) instead of once. It walks K in blocks of CONFIG["out_bk"] columns (0: the
-   whole width as one block): a first pass sums the rows' squares for the l2 norms, a second accumulates
-   q k^T and (exp(G) q) S_c^T block by block. (Normalising whole (C, K) tiles in the registers they are
-   loaded into, in one pass, is what Triton 3.6 compiles wrongly for sm_90 at half inputs with K <= 64 and
-   at most 8 value columns: an out-of-range shared-memory address, docs/findings.md.)
+   It loads q and k as stored and l2-normalises them itself: the rows' norms are row and column factors of
+   the products, so one pass over K in blocks of CONFIG["out_bk"] columns (0: the whole width as one block)
+   accumulates q k^T, q S_c^T and the rows' sums of squares together, and the norms, the scale and the decays
+   are applied to the two products after it (no normalised tile is held). Storing normalised copies once per
+   key head instead would cost a write and a read of two (T, Hk, K) tensors and, for half inputs, round q
+   twice. Blocks of at most 64 columns: Triton 3.6 compiles this loop wrongly for sm_90 at half inputs with
+   one (64, 128) block per operand and two pipeline stages (outputs off by 10-30 %, varying from run to run;
+   docs/findings.md), and 64-column blocks are the fastest setting measured on the H200 besides.
 
 "scan": two launches (the prep as above but storing Aqk = lower(q_i . k_j exp(G_i - G_j)) (C, C, diagonal
 included) in place of kg; then `_gdn_scan_kernel`, one program per (sequence, value head, BV value rows),
@@ -77,7 +77,7 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
-                                            "out_warps": 4, "out_stages": 2, "out_bk": 0, "prep_bk": 0,
+                                            "out_warps": 4, "out_stages": 2, "out_bk": 64, "prep_bk": 0,
                                             "state_tf32": False})
 OUTPUTS = ("parallel", "scan")
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
