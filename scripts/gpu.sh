@@ -116,8 +116,13 @@ T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-# resumes STEP: whether STEP continues the --resume run (not named in --fresh)
-resumes() { [ -n "$RESUME" ] || return 1; case ",$FRESH," in *",$1,"*) return 1 ;; *) return 0 ;; esac; }
+# resumes STEP: whether STEP continues the --resume run (one of suites, peers, bench, not named in --fresh;
+# the other steps always start over)
+resumes() {
+  [ -n "$RESUME" ] || return 1
+  case "$1" in suites|peers|bench) ;; *) return 1 ;; esac
+  case ",$FRESH," in *",$1,"*) return 1 ;; *) return 0 ;; esac
+}
 # limit CAP: the step's time limit, at most what is left of the budget less a margin for the file moves
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 # note STEP RC SECONDS: the step's exit code (124: cut by its time limit) and seconds, into env.json (under a

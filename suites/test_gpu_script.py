@@ -32,19 +32,21 @@ def test_help_names_the_lanes_and_resume():
 
 
 @pytest.mark.parametrize("resume, fresh, expected", [
-    ("", "", "suites:no peers:no bench:no"),
-    ("run", "", "suites:yes peers:yes bench:yes"),
-    ("run", "suites", "suites:no peers:yes bench:yes"),
-    ("run", "suites,bench", "suites:no peers:yes bench:no"),
+    ("", "", "suites:no peers:no bench:no throughput:no tp:no"),
+    ("run", "", "suites:yes peers:yes bench:yes throughput:no tp:no"),
+    ("run", "suites", "suites:no peers:yes bench:yes throughput:no tp:no"),
+    ("run", "suites,bench", "suites:no peers:yes bench:no throughput:no tp:no"),
 ])
 def test_fresh_steps_start_over_while_the_others_resume(resume, fresh, expected):
     """`resumes STEP` (which gates the outcome file passed to pytest --resume, the bench's --resume, the removal of
-    the step's old files and whether its new records are added to them): every step resumes with --resume but
-    those --fresh names."""
+    the step's old files and whether its new records are added to them): the suites, peers and bench steps
+    resume with --resume but those --fresh names; throughput and tp always start over (a resumed throughput
+    step once added its first preset's records to the file twice)."""
     src = (ROOT / "scripts" / "gpu.sh").read_text()
-    fn = next(ln for ln in src.splitlines() if ln.startswith("resumes() "))  # a one-line function
+    fn = src[src.index("\nresumes() {") + 1:]
+    fn = fn[:fn.index("\n}\n") + 2]
     script = (f'RESUME={resume!r}; FRESH={fresh!r}\n{fn}\n'
-              'for s in suites peers bench; do resumes $s && a=yes || a=no; printf "%s:%s " $s $a; done')
+              'for s in suites peers bench throughput tp; do resumes $s && a=yes || a=no; printf "%s:%s " $s $a; done')
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == expected
