@@ -8,7 +8,10 @@ times the current configuration and every candidate at the op's benchmark shapes
 by CUDA-graph p50 on CUDA (GPU time: launch parameters do not change the host's share) and eager p50
 elsewhere. A candidate replaces the current configuration when its geometric-mean time over those
 shapes is at least `--min-gain` lower, and its outputs (and the pool it writes) match the current
-configuration's on the same inputs; later groups sweep on top of the winners. At the end the module's
+configuration's on the same inputs; later groups sweep on top of the winners. Before it is timed, every
+configuration (the starting one too) must pass the op's conformance cases against the float64 reference
+(`CHECKS`: the delta-rule prefills at fp16 and bf16, K = 128, each case run twice); one that fails is recorded
+with the reason and left out, and a starting configuration that fails stops the op's sweep (no file written). At the end the module's
 full configuration is written to configs/<device>/<module>.json (harness/impls/triton/configs/, the
 file `launch_config` reads on that device), unless --no-write. Every timed candidate is a timing record
 (bench `sweep/<op>/<group>/<n>`, candidate 0 = the configuration the group started from).
@@ -259,6 +262,66 @@ def _outputs(spec, inputs, result) -> list:
     return [t.detach().float().clone() for t in outs + ([pool] if isinstance(pool, torch.Tensor) else [])]
 
 
+# Conformance cases every candidate (the starting configuration too) must pass against the float64 reference
+# before it is timed, run CHECK_REPS times each: shapes at which a launch setting changes the code the compiler
+# emits for the half dtypes (on the H200, Triton 3.6 compiled the GDN output launch's whole-width setting to
+# wrong outputs at fp16, K = 128, in most runs but not all: docs/findings.md). The timing shapes are compared
+# with the starting configuration's outputs only. Per device kind: (dtypes, shapes); the CPU's are the
+# interpreter's small stand-ins.
+_DELTA_GPU = [dict(T=6, K=128, V=v, S=2, fresh=1, l2norm=True) for v in (64, 128)] + [
+    dict(T=1077, K=128, V=128, S=3, fresh=1, l2norm=True)]
+_DELTA_CPU = [dict(T=6, K=16, V=5, S=2, fresh=1, l2norm=True)]
+CHECKS = {
+    "gated_delta_rule_varlen": {"gpu": (("float16", "bfloat16"), [dict(s, Hk=2, Hv=4) for s in _DELTA_GPU]),
+                                "cpu": (("float32",), [dict(s, Hk=2, Hv=4) for s in _DELTA_CPU])},
+    "kda_varlen": {"gpu": (("float16", "bfloat16"), [dict(s, H=2) for s in _DELTA_GPU]),
+                   "cpu": (("float32",), [dict(s, H=2) for s in _DELTA_CPU])},
+}
+CHECK_REPS = 2
+
+
+def conformance(op: str, fn, device: str, refs: dict, seed: int = 0) -> str | None:
+    """Why `fn` (an implementation of `op`) fails the op's conformance cases (`CHECKS`) on `device`, or None:
+    its output and the pool it writes against the reference implementation's (computed once per case into
+    `refs`), at each dtype's tolerance (harness.testing.checks), CHECK_REPS runs of each case."""
+    import torch
+
+    from harness.impls.registry import get
+    from harness.ops import SPECS
+    from harness.testing.checks import compare, tolerance_for
+    cases = CHECKS.get(op, {}).get("cpu" if device.startswith("cpu") else "gpu")
+    if not cases:
+        return None
+    spec = SPECS[op]
+    dtypes, shapes = cases
+
+    def fresh(dt, shape):
+        gen = torch.Generator(device=device if device != "cpu" else "cpu").manual_seed(seed)
+        kw = spec.inputs(shape, getattr(torch, dt), device, gen)
+        kw.pop("out", None)
+        return kw
+
+    def run(f, kw):
+        pos, opt = spec.split({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+        y = f(*pos, **opt)
+        return [y, pos[spec.args.index(spec.pool)]] if spec.pool else [y]
+
+    for dt in dtypes:
+        for shape in shapes:
+            key = (dt, json.dumps(shape, sort_keys=True))
+            kw = fresh(dt, shape)
+            if key not in refs:
+                refs[key] = [t.detach().to("cpu", torch.float64) for t in run(get("reference").ops[op], kw)]
+            tol = tolerance_for(getattr(torch, dt))
+            for rep in range(CHECK_REPS):
+                for name, got, want in zip(("output", "pool"), run(fn, kw), refs[key]):
+                    c = compare(name, got, want, tol)
+                    if not c.passed:
+                        return (f"conformance: {dt} {json.dumps(shape)}, run {rep + 1} of {CHECK_REPS}: {name} "
+                                f"{c.reason}")
+    return None
+
+
 def _mismatch(ref: list, got: list, tol: float) -> str | None:
     if len(ref) != len(got):
         return f"{len(got)} outputs, expected {len(ref)}"
@@ -338,6 +401,7 @@ def run_cli(args, device: str) -> int:
         dt = dtype or spec.dtypes_for(device)[0]
         tol = 2e-2 if dt in (torch.float16, torch.bfloat16) else 1e-4
         touched: dict = {}
+        checked: dict = {}  # the reference's results of the op's conformance cases
         op_failed = False
         for g in SWEEPS[op]:
             if groups_asked and g.name not in groups_asked:
@@ -360,6 +424,20 @@ def run_cli(args, device: str) -> int:
                 cfg = merged(start, cand)
                 _set(conf, cfg)
                 logs, ratios, err = [], [], None
+                try:
+                    err = conformance(op, fn, device, checked, args.seed)
+                except Exception as e:  # noqa: BLE001 - a candidate that fails is recorded and left out
+                    err = f"conformance: {type(e).__name__}: {str(e)[:300]}"
+                if err:
+                    writer.write("timing", bench=f"sweep/{op}/{g.name}/{ci}", op=op, impl="triton", device=device,
+                                 dtype=None, shape={}, tokens=None, peer=False, cuda_graph=graph, level="kernel",
+                                 group=g.name, candidate=ci, module=g.module, config=cand, ms_p20=None,
+                                 ms_p50=None, ms_p80=None, error=err)
+                    print(f"sweep: {op}/{g.name} #{ci} {json.dumps(cand)}: {err}")
+                    if ci == 0:
+                        failed = op_failed = True
+                        break
+                    continue
                 for si, shape in enumerate(shapes):
                     base = dict(bench=f"sweep/{op}/{g.name}/{ci}", op=op, impl="triton", device=device,
                                 dtype=str(dt).replace("torch.", ""), shape=dict(shape), tokens=spec.tokens(shape),

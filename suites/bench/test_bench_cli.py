@@ -221,6 +221,55 @@ def test_bench_sweep_groups_of_other_ops_are_passed_over(tmp_path, capsys, devic
         assert "--group" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("fail_at", [1, 0], ids=["candidate", "start"])
+def test_bench_sweep_leaves_out_configurations_that_fail_conformance(tmp_path, capsys, device, monkeypatch, fail_at):
+    """A configuration that fails the op's conformance cases against the reference (`sweep.conformance`) is
+    recorded with the reason and not timed; when the starting configuration fails, the op's sweep stops with
+    exit 1 and writes no configuration file (a launch setting the compiler gets wrong must not win by speed)."""
+    from harness.bench import sweep
+    calls = []
+
+    def conformance(op, fn, dev, refs, seed=0):
+        calls.append(op)
+        return "conformance: planted" if len(calls) - 1 == fail_at else None
+    monkeypatch.setattr(sweep, "conformance", conformance)
+    out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
+    rc = main(["bench", "sweep", "--device", device.split(":")[0], "--op", "causal_conv1d_update", "--candidates", "1",
+               *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev", "--out", str(out)])
+    recs = [r for r in read_records(str(out)) if r["kind"] == "timing"]
+    bad = [r for r in recs if r.get("error")]
+    assert len(bad) == 1 and bad[0]["candidate"] == fail_at and bad[0]["error"] == "conformance: planted"
+    assert "conformance: planted" in capsys.readouterr().out
+    if fail_at == 0:
+        assert rc == 1 and len(recs) == 1 and not cfg.exists()
+    else:
+        assert rc == 0 and all(r["candidate"] == 0 for r in recs if not r.get("error"))
+        assert (cfg / "testdev" / "conv1d.json").exists()
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule_varlen", "kda_varlen"])
+def test_sweep_conformance_cases_catch_wrong_outputs(device, op):
+    """The delta-rule prefills' conformance cases pass with our Triton kernel at its configuration and name
+    the case, the run and the output when a value is off (one element of the output moved by 1)."""
+    from harness.bench.sweep import CHECK_REPS, conformance
+    from harness.impls.registry import get
+    impl = get("triton")
+    why = impl.why_unavailable(device)
+    if why:
+        pytest.skip(why)
+    fn = impl.ops[op]
+    refs = {}
+    assert conformance(op, fn, device, refs) is None
+    assert refs
+
+    def off(*a, **k):
+        y = fn(*a, **k)
+        y.view(-1)[0] += 1.0
+        return y
+    why = conformance(op, off, device, refs)
+    assert why and why.startswith("conformance: ") and f"run 1 of {CHECK_REPS}: output error ratio" in why, why
+
+
 def test_bench_sweep_no_write(tmp_path, device):
     """--no-write reports without writing a configuration file."""
     cfg = tmp_path / "configs"
