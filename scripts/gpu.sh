@@ -48,6 +48,7 @@
 #               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
 #   throughput  harness bench throughput, falcon-mamba-7b and mamba-codestral-7b shapes,
 #               transformers alongside                                                  -> throughput.jsonl
+#               (and the eager decode step's profiles, Python and operators, in <logs>/profile/)
 #   peers       every suite but the benchmarks' with the peers' adapters (mamba_ssm, mamba_ssm_cuda,
 #               causal_conv1d, fla, vllm, sglang: those importable)                       -> results-peers.jsonl
 #   sweep       (only when named; before the bench, which then times the winners) harness bench sweep for
@@ -328,6 +329,7 @@ step_throughput() {
     [ "$(left)" -lt 40 ] && { log "throughput: $preset skipped (budget spent)"; continue; }
     timeout "$(limit ${TP_S:-300})" python3 -m harness.cli bench throughput --device cuda --preset "$preset" --impl triton \
       --prefill 4096 --decode-batch 64 --reps 3 --warmup 1 --hf-new-tokens 4 --out "$LOGS/throughput.jsonl" \
+      --profile-decode "$LOGS/profile" \
       >> "$LOGS/throughput.txt" 2>&1 || rc=$?
     log "throughput: $preset exit $rc"
     place throughput throughput.jsonl

@@ -40,6 +40,11 @@ def add_throughput_args(p) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append timing records (JSONL) here")
+    p.add_argument("--profile-decode", default=None, metavar="DIR",
+                   help="after the timings, profile 5 eager decode steps of the engine (not part of the timing) "
+                        "into DIR: <family>-decode-python.txt (cProfile: the Python functions by own time, per "
+                        "step) and <family>-decode-ops.txt (torch.profiler: operators and kernels by self CPU "
+                        "time; device time on CUDA)")
 
 
 def add_loader_args(p) -> None:

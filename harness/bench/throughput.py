@@ -89,8 +89,63 @@ def _record(writer, rows, **fields):
         print(f"throughput: {tag} {fields['ms_p50']:10.3f} ms  {fields['tok_s']:12.1f} tok/s", flush=True)
 
 
+PROFILE_STEPS = 5
+
+
+def _write_text(path: str, text: str) -> None:
+    """`text` into `path` whole or not at all (a temporary file renamed over it)."""
+    import os
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def profile_decode(step, device, out_dir: str, tag: str, layers: int, steps: int = PROFILE_STEPS) -> list[str]:
+    """Profile `steps` calls of the eager decode step `step` (after one untimed call) into `out_dir`:
+    <tag>-decode-python.txt, cProfile's Python functions by own time, and <tag>-decode-ops.txt,
+    torch.profiler's operators and kernels by self CPU time (with device time on CUDA). Returns the paths."""
+    import cProfile
+    import io
+    import os
+    import pstats
+    import time
+    step()
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - t0) / steps
+    sync()
+    wall = (time.perf_counter() - t0) / steps
+    head = (f"{tag}: eager decode step, {layers} layers: host {host * 1e3:.3f} ms per step (the calls return), "
+            f"{wall * 1e3:.3f} ms with the device done ({wall / layers * 1e6:.1f} us per layer); {steps} steps "
+            f"profiled\n\n")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(steps):
+        step()
+    pr.disable()
+    sync()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(40)
+    paths = [os.path.join(out_dir, f"{tag}-decode-python.txt"), os.path.join(out_dir, f"{tag}-decode-ops.txt")]
+    _write_text(paths[0], head + f"cProfile over {steps} steps (times are totals; divide by {steps} per step)\n"
+                + buf.getvalue())
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if str(device).startswith("cuda"):
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    _write_text(paths[1], head + f"torch.profiler over {steps} steps (totals)\n" + table)
+    return paths
+
+
 def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int,
-                      graphs: bool, emit):
+                      graphs: bool, emit, profile_dir: str | None = None):
     from harness.bench.timing import Budget, measure
     from harness.engine.metadata import build_metadata
     from harness.engine.runner import EngineRunner
@@ -135,6 +190,10 @@ def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int
         emit(op="model_decode", tokens=batch, batch=batch, tok_s=batch / (st["ms_p50"] / 1e3), **st)
     if t.graph_error:  # record why capture failed
         emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, error=t.graph_error[:500])
+    if profile_dir:
+        with torch.inference_mode(), no_index_checks():
+            for path in profile_decode(decode_fn, device, profile_dir, cfg.family, cfg.n_layer):
+                print(f"throughput: decode profile -> {path}", flush=True)
 
 
 def hf_model_class_and_config(cfg: ModelConfig):
@@ -248,6 +307,12 @@ def run(args) -> int:
     why = impl.why_unavailable(device)
     if why:
         fail("--impl", f"an implementation usable on {device}", f"{impl.name!r}: {why}")
+    profile_dir = getattr(args, "profile_decode", None)
+    if profile_dir:
+        import os
+        if os.path.exists(profile_dir) and not os.path.isdir(profile_dir):
+            fail("--profile-decode", "a folder (made if missing)", f"{profile_dir!r}, a file")
+        os.makedirs(profile_dir, exist_ok=True)
     writer = None
     if args.out:
         from harness.env import environment
@@ -270,7 +335,8 @@ def run(args) -> int:
           f"impl {impl.name}", flush=True)
     params = device_params(cfg, device, dtype, args.seed)
     engine_throughput(cfg, params, impl, device, dtype, args.prefill, args.decode_batch, reps=args.reps,
-                      warmup=args.warmup, graphs=not args.no_graphs, emit=emitter("engine", impl.name))
+                      warmup=args.warmup, graphs=not args.no_graphs, emit=emitter("engine", impl.name),
+                      profile_dir=profile_dir)
     del params
     import gc
     gc.collect()  # the runner holds a reference cycle (scheduler -> chunk_fn -> runner)

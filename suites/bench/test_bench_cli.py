@@ -291,6 +291,30 @@ def test_bench_throughput_subcommand(tmp_path, capsys):
     gates_clean(out, capsys)
 
 
+def test_bench_throughput_profiles_the_decode_step(tmp_path, capsys):
+    """--profile-decode DIR writes, after the timings, the eager decode step's Python functions by own time
+    (cProfile) and its operators (torch.profiler), each headed by the step's host time per layer; a path that
+    is a file is refused before anything runs or is written."""
+    args = ["bench", "throughput", "--device", "cpu", "--family", "mamba2", "--layers", "2", "--d-model", "32",
+            "--vocab", "64", "--d-state", "8", "--head-dim", "16", "--n-groups", "2", "--chunk-size", "8",
+            "--prefill", "8", "--decode-batch", "2", "--dtype", "float32", "--impl", "torch", "--reps", "2",
+            "--warmup", "1", "--no-hf"]
+    prof = tmp_path / "prof"
+    assert main(args + ["--profile-decode", str(prof), "--out", str(tmp_path / "tp.jsonl")]) == 0
+    py, ops = (prof / "mamba2-decode-python.txt").read_text(), (prof / "mamba2-decode-ops.txt").read_text()
+    for text in (py, ops):
+        assert text.startswith("mamba2: eager decode step, 2 layers: host ") and " us per layer" in text
+    assert "tottime" in py and "families/mamba2.py" in py
+    assert "Self CPU" in ops and "aten::" in ops
+    assert not list(prof.glob("*.tmp"))
+    capsys.readouterr()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out = tmp_path / "none.jsonl"
+    assert main(args + ["--profile-decode", str(afile), "--out", str(out)]) == 2
+    assert "--profile-decode" in capsys.readouterr().err and not out.exists()
+
+
 def test_bench_host_subcommand(capsys):
     """`harness bench host` times each op's validator alone (p50 microseconds per call, with and without the
     index checks) at the spec's shapes: one row per shape; the gpu shapes are validated without filling
