@@ -17,10 +17,10 @@ Findings that gate (exit code 1)
                 does not gate; peers' timings (peer=true) are gated only with --gate-peers, the
                 float64-oracle `reference` implementation's (plain loops, not a product) only with
                 --gate-reference;
-  host-overhead an eager timing's host overhead (eager - CUDA-graph p50, `host_ms`) above
-                (1 + threshold') x baseline + --host-floor-us (host time is noisier than GPU time:
-                the floor keeps a few microseconds of jitter from gating); peers and the reference as
-                for performance;
+  host-overhead an eager timing's host overhead (eager - CUDA-graph p50, `host_ms`) or launch time (the
+                host's time to issue one call, `launch_ms`) above (1 + threshold') x baseline +
+                --host-floor-us (host time is noisier than GPU time: the floor keeps a few microseconds
+                of jitter from gating); peers and the reference as for performance;
   missing       a baseline case (comparison group or timing) absent from the candidate;
   invalid-timing a timing record (of either run, with no `error`) whose numbers cannot be a
                 measurement: tok/s, GB/s or ms p20/p50/p80 NaN, infinite, zero or negative,
@@ -314,14 +314,16 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
         elif ratio > 1 + thr:
             improved += 1
             F.append(Finding("improved", fmt_key(k), f"{mname} {ratio:.2f}x baseline", bv, cv))
-        bh, ch = _metric(b, "host_ms"), _metric(c, "host_ms")
-        if not b.get("cuda_graph") and bh is not None and ch is not None:
+        for field, what in (("host_ms", "host overhead"), ("launch_ms", "launch time")):
+            bh, ch = _metric(b, field), _metric(c, field)
+            if b.get("cuda_graph") or bh is None or ch is None:
+                continue
             allowed = bh * (1 + thr) + cfg.host_floor_us / 1000
             if ch > allowed:
                 kind = ("peer-slower" if peer and not cfg.gate_peers else
                         "reference-slower" if oracle and not cfg.gate_reference else "host-overhead")
                 F.append(Finding(kind, fmt_key(k),
-                                 f"host overhead {1000 * ch:.1f} us above baseline {1000 * bh:.1f} us (allowed "
+                                 f"{what} {1000 * ch:.1f} us above baseline {1000 * bh:.1f} us (allowed "
                                  f"{1000 * allowed:.1f} us = +{100 * thr:.1f}% + {cfg.host_floor_us:g} us)", bh, ch))
     new_cases = len([k for k in cc if k not in bc and k[:-1] not in b_groups]) + len([k for k in ct if k not in bt])
     res.stats = {"comparisons_baseline": len(bc), "comparisons_candidate": len(cc),

@@ -11,6 +11,11 @@ throughput and the loader benchmark all time through `measure` (or `wall_samples
   whose inputs fit in L2 the graph figure also gains from a warm cache; for the benchmark shapes (inputs
   of tens of MB and more, against 50-60 MB of L2) the difference is small.
   The host overhead of a call is eager p50 - graph p50.
+* CUDA / XPU, launch: what the host spends issuing one eager call (`launch_samples`): bursts of a few calls
+  timed with `time.perf_counter_ns`, no synchronisation inside a burst, the device drained before each so
+  the launch queue never fills (a full queue would make the host wait for the device). Eager minus graph
+  understates it: do_bench's L2 flush (a 256 MB memset) runs on the device while the host issues the call,
+  so host time up to the flush's length does not show in the eager figure.
 * CPU: `time.perf_counter_ns` around each call, cycling through the input sets (so a call does not find
   its inputs in the cache the previous call warmed), until both `Budget.min_reps` samples and
   `Budget.min_time` seconds are reached (or `Budget.max_time` is spent): a time budget per case, so that
@@ -141,6 +146,7 @@ class Timing:
     kernels: list | None = None
     kernels_source: str | None = None
     kernels_error: str | None = None
+    launch: Stats | None = None
 
     def fields(self, graph: bool = False) -> dict:
         """The timing record's fields with the eager (graph=False) or CUDA-graph figures as the primary
@@ -153,6 +159,8 @@ class Timing:
                    timer=("do_bench_cudagraph" if graph else self.timer))
         if self.graph is not None:
             out.update(graph_ms_p50=self.graph.ms_p50, host_ms=self.eager.ms_p50 - self.graph.ms_p50)
+        if self.launch is not None:
+            out["launch_ms"] = self.launch.ms_p50
         if self.graph_error:
             out["graph_error"] = self.graph_error
         if not graph:  # the profiled calls are eager ones
@@ -190,6 +198,25 @@ def gpu_samples(fn: Callable[[], object], budget: Budget) -> list[float]:
     return ms
 
 
+LAUNCH_BURSTS = 7        # bursts timed per case
+LAUNCH_BURST_MS = 2.0    # device time a burst may queue: calls per burst = this / the eager p50, 1 to 8
+
+
+def launch_samples(fn: Callable[[], object], device: str, eager_ms: float, bursts: int = LAUNCH_BURSTS) -> list[float]:
+    """Per-call milliseconds the host spends issuing `fn` (see the module docstring): `bursts` bursts of
+    calls, as many per burst as fit LAUNCH_BURST_MS of device time at `eager_ms` per call (1 to 8)."""
+    calls = max(1, min(8, int(LAUNCH_BURST_MS / eager_ms) if eager_ms > 0 else 8))
+    out: list[float] = []
+    for _ in range(bursts):
+        synchronize(device)
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter_ns() - t0) / 1e6 / calls)
+    synchronize(device)
+    return out
+
+
 def graph_samples(fn: Callable[[], object], budget: Budget) -> list[float]:
     """Per-call milliseconds of CUDA-graph replays from triton.testing.do_bench_cudagraph."""
     from triton.testing import do_bench_cudagraph
@@ -215,7 +242,7 @@ def measure(fns: Sequence[Callable[[], object]] | Callable[[], object], device: 
     if kind == "cpu":
         return Timing(eager=summarize(cpu_samples(fns, budget)), timer="perf_counter")
     eager = summarize(gpu_samples(fns[0], budget))
-    t = Timing(eager=eager, timer="do_bench")
+    t = Timing(eager=eager, timer="do_bench", launch=summarize(launch_samples(fns[0], device, eager.ms_p50)))
     if graph:
         try:
             t.graph = summarize(graph_samples(fns[0], budget))

@@ -412,8 +412,9 @@ def test_gate_keeps_eager_and_graph_apart(tmp_path, capsys):
 def test_gpu_timer_tops_up_samples_and_keeps_eager_on_capture_failure(monkeypatch):
     """On GPUs the samples come from triton.testing (stood in for here, as this machine may have no GPU):
     a slow call whose first do_bench pass gives 2 samples gets a second pass sized for the rest; the
-    CUDA-graph figures come from do_bench_cudagraph passes of 10 samples each; a call that cannot be
-    captured keeps its eager figures and says why."""
+    CUDA-graph figures come from do_bench_cudagraph passes of 10 samples each; the launch time comes from
+    bursts of calls each after the device is drained; a call that cannot be captured keeps its eager figures
+    and says why."""
     import triton.testing
     calls = []
 
@@ -426,10 +427,17 @@ def test_gpu_timer_tops_up_samples_and_keeps_eager_on_capture_failure(monkeypatc
         return [40.0] * 10
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", do_bench_cudagraph)
+    from harness.bench import timing
+    monkeypatch.setattr(timing, "synchronize", lambda device: calls.append(("sync", device)))
     t = measure([lambda: None], "cuda:0", Budget(min_reps=20), graph=True)
     assert t.eager.n == 20 and t.graph.n == 20 and t.timer == "do_bench"
-    assert calls == [("eager", 100.0), ("eager", 900.0), ("graph", 100.0), ("graph", 100.0)]
+    # eager passes, then the launch bursts (each after draining the device; one call per burst at 50 ms a
+    # call), then the graph passes
+    assert calls == ([("eager", 100.0), ("eager", 900.0)] + [("sync", "cuda:0")] * (timing.LAUNCH_BURSTS + 1)
+                     + [("graph", 100.0), ("graph", 100.0)])
     assert t.fields(True)["host_ms"] == pytest.approx(10.0)
+    assert t.launch.n == timing.LAUNCH_BURSTS and 0 <= t.fields(False)["launch_ms"] < 1.0
+    calls.clear()
 
     def broken(fn, rep=20, return_mode="mean", **kw):
         raise RuntimeError("operation not permitted when stream is capturing")

@@ -98,6 +98,28 @@ def test_host_overhead_growth_gates_beyond_threshold_and_floor():
         GateConfig(host_floor_us=-1.0).validate()
 
 
+def test_launch_time_growth_gates_like_host_overhead():
+    """The eager record's launch time (`launch_ms`, the host's time to issue one call, which the L2 flush of
+    the eager timing can hide from eager - graph) is watched the same way: 20 us more gates as host-overhead
+    and says "launch time"; 4 us more does not; a baseline without it gates nothing."""
+    def timing(launch_us):
+        r = {"kind": "timing", "bench": "op/triton", "op": "op", "impl": "triton", "dtype": "bfloat16",
+             "shape": {"B": 64}, "tokens": 64, "tok_s": 6.4e6, "ms_p50": 0.01, "ms_p20": 0.01, "ms_p80": 0.01,
+             "device": "cuda:0", "cuda_graph": False, "host_ms": 0.001}
+        if launch_us is not None:
+            r["launch_ms"] = launch_us / 1000
+        return r
+    env = [{"device": "cuda", "device_name": "H200"}]
+
+    def gate(base_us, cand_us):
+        return gate_runs(Run("b", "b", envs=env, timings=[timing(base_us)]),
+                         Run("c", "c", envs=env, timings=[timing(cand_us)]), GateConfig())
+    (f,) = kinds(gate(60.0, 80.0), "host-overhead")
+    assert "launch time 80.0 us above baseline 60.0 us" in f.detail
+    assert kinds(gate(60.0, 64.0), "host-overhead") == []
+    assert kinds(gate(None, 80.0), "host-overhead") == []
+
+
 def test_reference_and_peer_timings_gate_only_when_asked():
     """A 50 % slowdown of the `reference` implementation (plain float64-oracle loops) or of a peer is listed
     but does not gate by default; --gate-reference / --gate-peers make it gate; ours always gates."""
