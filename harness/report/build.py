@@ -382,6 +382,16 @@ def launches(case: str, recs: list[tuple[str, dict | None]]) -> dict | None:
             "table": {"columns": cols, "rows": rows}}
 
 
+def _host_cell(t: dict) -> dict:
+    """An eager timing's host overhead (eager - graph p50) and, in brackets, its launch time (the host's time
+    to issue one call), in µs; a dash for CUDA-graph records and where neither was measured."""
+    host, launch = num(t.get("host_ms")), num(t.get("launch_ms"))
+    if t.get("cuda_graph") or (host is None and launch is None):
+        return cell("—", "muted")
+    text = (f"{1000 * host:.1f}" if host is not None else "—") + (f" ({1000 * launch:.1f})" if launch is not None else "")
+    return cell(text, "", "eager − graph p50; in brackets the host's time to issue one eager call")
+
+
 def perf_tables(runs: list[Run]) -> list[dict]:
     """Per op: one row per case of the candidate (and the baseline's cases it lacks), columns for the
     candidate's figures, the baseline's tok/s and the speedup when there is a baseline, x best peer when
@@ -404,7 +414,7 @@ def perf_tables(runs: list[Run]) -> list[dict]:
             cols += [f"tok/s {names[0]}", f"tok/s {names[-1]}", f"× {names[0]}"]
         else:
             cols += ["tok/s"]
-        cols += ["ms p50 [p20–p80]", "GB/s", "% copy BW"]
+        cols += ["ms p50 [p20–p80]", "GB/s", "% copy BW", "host µs (launch)"]
         if has_peer_col:
             cols += ["× best peer"]
         rows, profiled = [], []
@@ -437,10 +447,10 @@ def perf_tables(runs: list[Run]) -> list[dict]:
                 else:
                     row.append(cell("—", "muted"))
             if t is None or t.get("error"):
-                row += [cell("—", "muted")] * 3
+                row += [cell("—", "muted")] * 4
             else:
                 row += [cell(f"{fmt(t.get('ms_p50'))} [{fmt(t.get('ms_p20'))}–{fmt(t.get('ms_p80'))}]"),
-                        cell(fmt(t.get("gb_s"))), cell(fmt(t.get("pct_copy_bw")))]
+                        cell(fmt(t.get("gb_s"))), cell(fmt(t.get("pct_copy_bw"))), _host_cell(t)]
             if has_peer_col:
                 p = peers.get(_peer_key(t)) if t is not None and not peer else None
                 if p is not None and _speed(t) and _speed(p):

@@ -395,3 +395,21 @@ def test_launch_lists_fit_a_laptop_screen_in_chromium(tmp_path):
     assert main(["report", base, cand, "-o", str(out)]) == 0
     m = _first_screen(out, tmp_path)
     assert m["wide_tables"] == [] and m["scroll_w_open"] <= m["vw"], m
+
+
+def test_perf_table_shows_host_overhead_and_launch_time(tmp_path):
+    """Each eager row carries its host overhead (eager - graph p50) and, in brackets, the launch time (the
+    host's time to issue one call), in µs; the CUDA-graph row and a record with neither show a dash."""
+    from harness.records import RecordWriter
+    path = str(tmp_path / "run.jsonl")
+    w = RecordWriter(path, run_id="r")
+    w.write("env", env={"device": "cuda", "device_name": "NVIDIA H200", "git_sha": "a" * 40})
+    base = dict(op="causal_conv1d_update", impl="triton", device="cuda:0", dtype="bfloat16", tokens=64,
+                tok_s=6.4e6, ms_p20=0.01, ms_p50=0.01, ms_p80=0.01, peer=False)
+    w.write("timing", bench="u/triton", shape={"B": 64}, cuda_graph=False, host_ms=0.012, launch_ms=0.065, **base)
+    w.write("timing", bench="u/triton", shape={"B": 64}, cuda_graph=True, host_ms=0.012, launch_ms=0.065, **base)
+    w.write("timing", bench="u/triton", shape={"B": 256}, cuda_graph=False, **base)
+    (table,) = [p["table"] for p in perf_tables(load_runs([path]))]
+    col = table["columns"].index("host µs (launch)")
+    texts = {(r[2]["text"], r[0]["text"]): r[col]["text"] for r in table["rows"]}
+    assert texts == {("B=64", "triton"): "12.0 (65.0)", ("B=64", "triton [graph]"): "—", ("B=256", "triton"): "—"}, texts
