@@ -205,7 +205,7 @@ with mock.patch.object(gdn, "WIDE_SPAN", 0):
 def test_aot_compiles_the_wide_offset_variants():
     """The GDN and KDA prefill kernels' 64-bit tile-offset variants (taken only for views whose chunk rows span
     2**31 elements, so no spec shape reaches them) compile for sm_90: forced here by lowering
-    delta_rule_chunk.WIDE_SPAN to 0. (A jit helper returning a 32- or 64-bit tensor from two return statements
+    delta_rule_chunk.WIDE_SPAN to 0. (A jit function returning a 32- or 64-bit tensor from two return statements
     compiled under the interpreter but not for the GPU.)"""
     import os
     import subprocess
