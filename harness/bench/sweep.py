@@ -11,10 +11,11 @@ shapes is at least `--min-gain` lower, and its outputs (and the pool it writes) 
 configuration's on the same inputs; later groups sweep on top of the winners. Before it is timed, every
 configuration (the starting one too) must pass the op's conformance cases against the float64 reference
 (`CHECKS`: the delta-rule prefills at fp16 and bf16, K = 128, each case run twice); one that fails is recorded
-with the reason and left out, and a starting configuration that fails stops the op's sweep (no file written). At the end the module's
-full configuration is written to configs/<device>/<module>.json (harness/impls/triton/configs/, the
-file `launch_config` reads on that device), unless --no-write. Every timed candidate is a timing record
-(bench `sweep/<op>/<group>/<n>`, candidate 0 = the configuration the group started from).
+with the reason and left out, and a starting configuration that fails stops the op's sweep (no file
+written). At the end the module's full configuration is written to configs/<device>/<module>.json
+(harness/impls/triton/configs/, the file `launch_config` reads on that device), unless --no-write. Every
+timed candidate is a timing record (bench `sweep/<op>/<group>/<n>`, candidate 0 = the configuration the group
+started from).
 
     harness bench sweep --op causal_conv1d_varlen --device cuda
     harness bench sweep --op ssd_varlen --group chunk_scan,variants --budget 300

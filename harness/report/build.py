@@ -388,7 +388,9 @@ def _host_cell(t: dict) -> dict:
     host, launch = num(t.get("host_ms")), num(t.get("launch_ms"))
     if t.get("cuda_graph") or (host is None and launch is None):
         return cell("—", "muted")
-    text = (f"{1000 * host:.1f}" if host is not None else "—") + (f" ({1000 * launch:.1f})" if launch is not None else "")
+    text = f"{1000 * host:.1f}" if host is not None else "—"
+    if launch is not None:
+        text += f" ({1000 * launch:.1f})"
     return cell(text, "", "eager − graph p50; in brackets the host's time to issue one eager call")
 
 

@@ -412,4 +412,5 @@ def test_perf_table_shows_host_overhead_and_launch_time(tmp_path):
     (table,) = [p["table"] for p in perf_tables(load_runs([path]))]
     col = table["columns"].index("host µs (launch)")
     texts = {(r[2]["text"], r[0]["text"]): r[col]["text"] for r in table["rows"]}
-    assert texts == {("B=64", "triton"): "12.0 (65.0)", ("B=64", "triton [graph]"): "—", ("B=256", "triton"): "—"}, texts
+    assert texts == {("B=64", "triton"): "12.0 (65.0)", ("B=64", "triton [graph]"): "—",
+                     ("B=256", "triton"): "—"}, texts
