@@ -199,15 +199,21 @@ def gpu_samples(fn: Callable[[], object], budget: Budget) -> list[float]:
 
 
 LAUNCH_BURSTS = 7        # bursts timed per case
+LAUNCH_MIN_BURSTS = 3    # ... at least, when the bursts of a slow call take over LAUNCH_MAX_S seconds
+LAUNCH_MAX_S = 1.0
 LAUNCH_BURST_MS = 2.0    # device time a burst may queue: calls per burst = this / the eager p50, 1 to 8
 
 
 def launch_samples(fn: Callable[[], object], device: str, eager_ms: float, bursts: int = LAUNCH_BURSTS) -> list[float]:
     """Per-call milliseconds the host spends issuing `fn` (see the module docstring): `bursts` bursts of
-    calls, as many per burst as fit LAUNCH_BURST_MS of device time at `eager_ms` per call (1 to 8)."""
+    calls (LAUNCH_MIN_BURSTS once LAUNCH_MAX_S seconds are spent), as many per burst as fit LAUNCH_BURST_MS of
+    device time at `eager_ms` per call (1 to 8)."""
     calls = max(1, min(8, int(LAUNCH_BURST_MS / eager_ms) if eager_ms > 0 else 8))
     out: list[float] = []
+    t_start = time.perf_counter()
     for _ in range(bursts):
+        if len(out) >= LAUNCH_MIN_BURSTS and time.perf_counter() - t_start > LAUNCH_MAX_S:
+            break
         synchronize(device)
         t0 = time.perf_counter_ns()
         for _ in range(calls):

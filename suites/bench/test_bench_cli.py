@@ -447,6 +447,19 @@ def test_gpu_timer_tops_up_samples_and_keeps_eager_on_capture_failure(monkeypatc
     assert t.fields()["graph_error"] == t.graph_error and t.fields()["ms_p50"] == 50.0
 
 
+def test_launch_samples_size_bursts_by_the_call_and_stop_for_slow_calls(monkeypatch):
+    """launch_samples: calls per burst from the eager time (8 for a fast call, 1 for a call over the burst's
+    device time), LAUNCH_BURSTS bursts, but only LAUNCH_MIN_BURSTS once LAUNCH_MAX_S seconds are spent."""
+    from harness.bench import timing
+    n = []
+    fn = lambda: n.append(1)  # noqa: E731
+    assert len(timing.launch_samples(fn, "cpu", 0.01)) == timing.LAUNCH_BURSTS and len(n) == 8 * timing.LAUNCH_BURSTS
+    n.clear()
+    monkeypatch.setattr(timing, "LAUNCH_MAX_S", 0.0)
+    assert len(timing.launch_samples(fn, "cpu", 50.0)) == timing.LAUNCH_MIN_BURSTS
+    assert len(n) == timing.LAUNCH_MIN_BURSTS
+
+
 # ------------------------------------------------------------------------------------------ launches
 
 def test_bench_kernels_records_each_launch(tmp_path, capsys):
