@@ -21,7 +21,7 @@ for reading and writing):
   not name) keep their contents.
 
 Token t of a row is exactly one plain decode step (`selective_state_update`, `ssd_state_update`,
-`causal_conv1d_update`) applied to the state after token t-1, so running a step, accepting ``a`` tokens
+`causal_conv1d_update`, `gated_delta_rule_update`, `kda_update`) applied to the state after token t-1, so running a step, accepting ``a`` tokens
 and running the next step from slot ``a - 1`` is the same as plain one-token decoding over the accepted
 tokens. The conv state of a position is its own slot (the last K-1 inputs up to that token); vLLM instead
 keeps one conv slot of ``K - 1 + num_spec`` columns and slides a window over it -- the same values, laid
@@ -37,11 +37,12 @@ import torch
 
 from reference._common import check_dt_limit, check_float, softplus
 from reference.conv1d import causal_conv1d_update
+from reference.delta_rule import gated_delta_rule_update, kda_update
 from reference.selective_scan import selective_state_update
 from reference.ssd import ssd_state_update
 from reference.validate import check_cu_seqlens, check_tensor, fail
 
-__all__ = ["spec_rows", "written_slots", "spec_state_update", "spec_conv1d_update"]
+__all__ = ["spec_rows", "written_slots", "spec_state_update", "spec_conv1d_update", "spec_delta_rule_update"]
 
 
 def spec_rows(query_start_loc, state_indices, num_accepted_tokens, num_tokens: int, num_slots: int,
@@ -163,3 +164,32 @@ def spec_conv1d_update(x, conv_states, weight, bias=None, *, activation=None, qu
         return yt[0], h1[0]
 
     return y, _run(conv_states, rows, pad_slot_id, y, step)
+
+
+def spec_delta_rule_update(kind: str, q, k, v, g, beta, state, *, scale=None, use_qk_l2norm=False, query_start_loc,
+                           state_indices, num_accepted_tokens, pad_slot_id=-1):
+    """Multi-token Gated DeltaNet (`kind` "gdn") or KDA ("kda") decode.
+
+    Args:
+        q, k: (T, Hk, K); v: (T, Hv, V); g: (T, Hv) (GDN) or (T, H, K) (KDA); beta: (T, Hv) -- packed tokens.
+        state: pool (num_slots, Hv, V, K), value-major.
+        scale, use_qk_l2norm: as `gated_delta_rule_update` / `kda_update`.
+        query_start_loc, state_indices, num_accepted_tokens, pad_slot_id: see the module docstring.
+
+    Returns:
+        (o, new_state): o (T, Hv, V) like v; new_state the pool after the step (a new tensor).
+    """
+    if kind not in ("gdn", "kda"):
+        fail("kind", '"gdn" or "kda"', repr(kind))
+    check_float("state", state, ndim=4)
+    check_float("v", v, ndim=3)
+    rows = spec_rows(query_start_loc, state_indices, num_accepted_tokens, v.shape[0], state.shape[0], pad_slot_id)
+    update = gated_delta_rule_update if kind == "gdn" else kda_update
+    o = torch.zeros_like(v)
+
+    def step(h, t):
+        ot, h1 = update(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], h[None], scale=scale,
+                        use_qk_l2norm=use_qk_l2norm)
+        return ot[0], h1[0]
+
+    return o, _run(state, rows, pad_slot_id, o, step)

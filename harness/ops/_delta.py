@@ -1,6 +1,6 @@
 """Shared validation, reference plumbing, inputs and counts of the gated delta rule ops (Gated DeltaNet and
-Kimi Delta Attention): `gated_delta_rule_varlen`, `gated_delta_rule_update`, `kda_varlen`, `kda_update`
-(each op's module holds its signature and semantics).
+Kimi Delta Attention): `gated_delta_rule_varlen`, `gated_delta_rule_update`, `gated_delta_rule_update_spec`,
+`kda_varlen`, `kda_update`, `kda_update_spec` (each op's module holds its signature and semantics).
 
 The state is value-major: per head (V, K), the layout vLLM and SGLang keep in their pools. q, k, v share one
 activation dtype (the output's); g and beta any float dtype (often fp32); pools any float dtype.
@@ -11,7 +11,9 @@ import torch
 
 from functools import partial
 
+from harness.ops import _checks as ck
 from harness.ops import _inputs as I
+from harness.ops import _spec_decode as SD
 from harness.ops._checks import ACT as _ACT
 from harness.ops._checks import ACT_DTYPES as _ACT_DTYPES
 from harness.ops._checks import INF as _INF
@@ -124,6 +126,35 @@ def _check_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale=None,
     return B, Hk, Hv, K, V
 
 
+def _validate_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale,
+                   use_qk_l2norm, pad_slot_id, out):
+    dims = _qkv_ok(kind, q, k, v, g, beta, ssm_states, scale, use_qk_l2norm)
+    if dims is not None:
+        T, _, Hv, _, V = dims
+        dev = q.device
+        if _out_ok(out, (T, Hv, V), v.dtype, dev):
+            rows = ck.spec_decode_ok(query_start_loc, state_indices, num_accepted_tokens, T, ssm_states.shape[0],
+                                     pad_slot_id, dev)
+            if rows is not None:
+                return dims + rows
+    return _check_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale,
+                       use_qk_l2norm, pad_slot_id, out)
+
+
+def _check_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale=None,
+                use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    """The multi-token decode validator's rules one by one, the first broken one raising (its slow path)."""
+    T, Hk, Hv, K, V = _check_qkv(kind, q, k, v, g, beta, "T")
+    _check_pool(ssm_states, Hv, V, K)
+    check_options(scale, use_qk_l2norm)
+    rows = ck.check_spec_decode(query_start_loc, "state_indices", state_indices, num_accepted_tokens, T,
+                                ssm_states.shape[0], pad_slot_id)
+    _same_device(q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, query_start_loc=query_start_loc,
+                 state_indices=state_indices, num_accepted_tokens=num_accepted_tokens)
+    _check_out(out, (T, Hv, V), v.dtype, v.device)
+    return (T, Hk, Hv, K, V) + rows
+
+
 # ------------------------------------------------------------------------------ reference plumbing
 
 def reference_varlen(kind, cd, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
@@ -159,11 +190,30 @@ def reference_update(kind, cd, q, k, v, g, beta, ssm_states, state_indices, *, s
     return _ref.emit(y, v, out)
 
 
+def reference_spec(kind, cd, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, *,
+                   scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    from harness.ops import _ref
+    from reference.spec_decode import spec_delta_rule_update
+    _validate_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale,
+                   use_qk_l2norm, pad_slot_id, out)
+    up = _ref.up
+
+    def run(pool, table):
+        return spec_delta_rule_update(kind, up(q, cd), up(k, cd), up(v, cd), up(g, cd), up(beta, cd), pool,
+                                      scale=scale, use_qk_l2norm=use_qk_l2norm, query_start_loc=query_start_loc,
+                                      state_indices=table, num_accepted_tokens=num_accepted_tokens)
+
+    y = SD.run_on_named_slots(run, ssm_states, query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, cd)
+    return _ref.emit(y, v, out)
+
+
 # ------------------------------------------------------------------------------ inputs and counts
 
-def inputs(kind, varlen, shape, dtype, device, gen):
-    """Shape keys: T (varlen) or B (decode), Hk, Hv (GDN; KDA uses H), K, V, S, fresh, l2norm."""
-    n = shape["T"] if varlen else shape["B"]
+def inputs(kind, form, shape, dtype, device, gen):
+    """Shape keys: T (varlen) or B (decode; with num_spec, and optionally lens and accepted, the multi-token
+    decode's rows: harness.ops._spec_decode), Hk, Hv (GDN; KDA uses H), K, V, S, fresh, l2norm."""
+    lay = SD.layout(shape, device) if form == "spec" else None
+    n = shape["T"] if form == "varlen" else lay["T"] if lay else shape["B"]
     Hk = shape.get("Hk", shape.get("H"))
     Hv = shape.get("Hv", shape.get("H"))
     K, V = shape["K"], shape["V"]
@@ -174,7 +224,12 @@ def inputs(kind, varlen, shape, dtype, device, gen):
              g=-torch.sigmoid(I.rand(gen, device, *gshape)) * 0.5,
              beta=torch.sigmoid(I.rand(gen, device, n, Hv)),
              use_qk_l2norm=bool(shape.get("l2norm", True)))
-    if varlen:
+    if lay:
+        d.update(ssm_states=I.rand(gen, device, lay["num_slots"], Hv, V, K,
+                                   dtype=I.pool_dtype(shape, torch.float32, dtype), scale=0.1),
+                 query_start_loc=lay["query_start_loc"], state_indices=lay["state_indices"],
+                 num_accepted_tokens=lay["num_accepted_tokens"])
+    elif form == "varlen":
         qsl = I.seqs(n, shape.get("S", 1), device)
         S = qsl.numel() - 1
         idx, init = I.slots(shape, S, device)
@@ -188,9 +243,12 @@ def inputs(kind, varlen, shape, dtype, device, gen):
     return d
 
 
-def nbytes(inp, varlen):
+def nbytes(inp, form):
     acts = sum(I.nbytes(inp[a]) for a in ("q", "k", "v", "g", "beta")) + I.nbytes(inp["v"])  # o written
-    if varlen:
+    if form == "spec":
+        return (acts + I.nbytes(inp["query_start_loc"]) + I.nbytes(inp["state_indices"])
+                + I.nbytes(inp["num_accepted_tokens"]) + SD.pool_traffic(inp, "ssm_states", "state_indices"))
+    if form == "varlen":
         return (acts + I.nbytes(inp["query_start_loc"]) + I.nbytes(inp["cache_indices"])
                 + I.nbytes(inp["has_initial_state"])
                 + I.pool_traffic(inp, "ssm_states", "cache_indices", "has_initial_state"))
@@ -227,32 +285,47 @@ def bad_inputs(kind):
     return tuple(m)
 
 
-# ------------------------------------------------------------------------------ the four specs
+# ------------------------------------------------------------------------------ the six specs
 
 VARLEN_ARGS = ("q", "k", "v", "g", "beta", "ssm_states", "query_start_loc", "cache_indices", "has_initial_state")
 UPDATE_ARGS = ("q", "k", "v", "g", "beta", "ssm_states", "state_indices")
+SPEC_ARGS = ("q", "k", "v", "g", "beta", "ssm_states", "query_start_loc", "state_indices", "num_accepted_tokens")
+FORMS = ("varlen", "update", "spec")
 
 
-def make_spec(kind: str, varlen: bool, name: str, doc: str, shapes: dict) -> OpSpec:
-    """The spec of one of the four ops: `kind` "gdn" or "kda", the prefill (`varlen`) or decode form."""
-    if varlen:
+def make_spec(kind: str, form: str, name: str, doc: str, shapes: dict) -> OpSpec:
+    """The spec of one of the six ops: `kind` "gdn" or "kda"; `form` "varlen" (prefill), "update" (one decode
+    token per row) or "spec" (several decode tokens per row: speculative decoding)."""
+    if form not in FORMS:
+        raise ValueError(f"form: expected one of {FORMS}, got {form!r}")
+    if form == "varlen":
         def validate(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale=None,
                      use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
             """Returns (T, Hk, Hv, K, V, S)."""
             return _validate_varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
                                     has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
-    else:
+        args, index, checks, ref, tokens = VARLEN_ARGS, "cache_indices", _check_varlen, reference_varlen, I.tokens_T
+        bad = bad_inputs(kind)
+    elif form == "update":
         def validate(q, k, v, g, beta, ssm_states, state_indices, scale=None, use_qk_l2norm=False,
                      pad_slot_id=PAD_SLOT_ID, out=None):
             """Returns (B, Hk, Hv, K, V)."""
             return _validate_update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
                                     pad_slot_id, out)
+        args, index, checks, ref, tokens = UPDATE_ARGS, "state_indices", _check_update, reference_update, I.tokens_B
+        bad = bad_inputs(kind)
+    else:
+        def validate(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale=None,
+                     use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+            """Returns (T, Hk, Hv, K, V, Bsz, num_spec + 1)."""
+            return _validate_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices,
+                                  num_accepted_tokens, scale, use_qk_l2norm, pad_slot_id, out)
+        args, index, checks, ref, tokens = SPEC_ARGS, "state_indices", _check_spec, reference_spec, SD.tokens
+        bad = bad_inputs(kind) + SD.bad_inputs("state_indices")
     validate.__name__ = validate.__qualname__ = f"validate_{name}"
     return OpSpec(
-        name=name, args=VARLEN_ARGS if varlen else UPDATE_ARGS,
+        name=name, args=args,
         options=dict(scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None),
-        pool="ssm_states", index="cache_indices" if varlen else "state_indices",
-        validate=validate, checks=partial(_check_varlen if varlen else _check_update, kind),
-        reference=partial(reference_varlen if varlen else reference_update, kind),
-        inputs=partial(inputs, kind, varlen), bytes=partial(nbytes, varlen=varlen), flops=flops,
-        tokens=I.tokens_T if varlen else I.tokens_B, shapes=shapes, bad_inputs=bad_inputs(kind), doc=doc)
+        pool="ssm_states", index=index, validate=validate, checks=partial(checks, kind),
+        reference=partial(ref, kind), inputs=partial(inputs, kind, form), bytes=partial(nbytes, form=form),
+        flops=flops, tokens=tokens, shapes=shapes, bad_inputs=bad, doc=doc)

@@ -12,7 +12,7 @@ import torch
 
 from harness.ops import _delta as D
 
-SPEC = D.make_spec("gdn", False, "gated_delta_rule_update", __doc__, shapes={
+SPEC = D.make_spec("gdn", "update", "gated_delta_rule_update", __doc__, shapes={
     "cpu": [dict(B=8, Hk=2, Hv=4, K=32, V=32)],
     "gpu": [dict(B=1, Hk=16, Hv=32, K=128, V=128), dict(B=64, Hk=16, Hv=32, K=128, V=128),
             dict(B=256, Hk=16, Hv=32, K=128, V=128)],

@@ -15,7 +15,7 @@ import torch
 
 from harness.ops import _delta as D
 
-SPEC = D.make_spec("gdn", True, "gated_delta_rule_varlen", __doc__, shapes={
+SPEC = D.make_spec("gdn", "varlen", "gated_delta_rule_varlen", __doc__, shapes={
     "cpu": [dict(T=64, Hk=2, Hv=4, K=32, V=32, S=2), dict(T=256, Hk=2, Hv=4, K=32, V=32, S=2)],
     # Qwen3-Next's layer (Hk 16, Hv 32, K = V = 128), batch 1
     "gpu": [dict(T=4096, Hk=16, Hv=32, K=128, V=128, S=1), dict(T=16384, Hk=16, Hv=32, K=128, V=128, S=1)],

@@ -11,7 +11,7 @@ import torch
 
 from harness.ops import _delta as D
 
-SPEC = D.make_spec("kda", False, "kda_update", __doc__, shapes={
+SPEC = D.make_spec("kda", "update", "kda_update", __doc__, shapes={
     "cpu": [dict(B=8, H=4, K=32, V=32)],
     "gpu": [dict(B=1, H=32, K=128, V=128), dict(B=64, H=32, K=128, V=128), dict(B=256, H=32, K=128, V=128)],
     "contract": [dict(B=2, H=2, K=3, V=2, l2norm=False)],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.ops import _delta as D
 
-SPEC = D.make_spec("kda", True, "kda_varlen", __doc__, shapes={
+SPEC = D.make_spec("kda", "varlen", "kda_varlen", __doc__, shapes={
     "cpu": [dict(T=64, H=4, K=32, V=32, S=2), dict(T=256, H=4, K=32, V=32, S=2)],
     # Kimi-Linear's layer (H 32, K = V = 128), batch 1
     "gpu": [dict(T=4096, H=32, K=128, V=128, S=1), dict(T=16384, H=32, K=128, V=128, S=1)],

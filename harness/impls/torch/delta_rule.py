@@ -130,6 +130,17 @@ def _varlen(kind, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, 
     return emit(zero_pad_rows(o, token_live(query_start_loc, live, T)), v, out)
 
 
+def step(kind, S, qp, kp, v, g, beta):
+    """One token of the recurrence for a batch of rows, in the compute dtype: S (B, H, V, K) the states before,
+    qp, kp (B, H, K) prepared (`_prep_qk`), v (B, H, V), g (B, H) or (B, H, K), beta (B, H). Returns (o (B, H, V),
+    the states after)."""
+    decay = torch.exp(g)
+    S = S * (decay[:, :, None, :] if kind == "kda" else decay[:, :, None, None])
+    u = beta[..., None] * (v - (S @ kp[..., None])[..., 0])  # (B, H, V)
+    S = S + u[..., :, None] * kp[:, :, None, :]
+    return (S @ qp[..., None])[..., 0], S
+
+
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
     B, Hk, H, K, V = _VALIDATE_UPDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
                                             pad_slot_id, out)
@@ -137,11 +148,7 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     idx, live, safe = slots(state_indices, pad_slot_id)
     S = _initial(ssm_states, safe, live, cd)  # (B, H, V, K)
     qp, kp = _prep_qk(q, k, scale, use_qk_l2norm, H // Hk, cd)
-    decay = torch.exp(g.to(cd))
-    S = S * (decay[:, :, None, :] if kind == "kda" else decay[:, :, None, None])
-    u = beta.to(cd)[..., None] * (v.to(cd) - (S @ kp[..., None])[..., 0])  # (B, H, V)
-    S = S + u[..., :, None] * kp[:, :, None, :]
-    o = (S @ qp[..., None])[..., 0]
+    o, S = step(kind, S, qp, kp, v.to(cd), g.to(cd), beta.to(cd))
     scatter_final(ssm_states, idx, live, S)
     return emit(zero_pad_rows(o, live), v, out)
 

@@ -1,5 +1,5 @@
-"""Vectorized torch multi-token decode (speculative decoding): `selective_state_update_spec` and
-`causal_conv1d_update_spec`.
+"""Vectorized torch multi-token decode (speculative decoding): `selective_state_update_spec`,
+`causal_conv1d_update_spec`, `gated_delta_rule_update_spec` and `kda_update_spec`.
 
 All rows advance together, one position at a time (a loop over the num_spec + 1 positions, not over
 tokens or rows): position j of every row that has a j-th token runs the one-token decode step, its state is
@@ -13,6 +13,7 @@ import torch
 
 from harness import ops as C
 from harness.impls.registry import provides
+from harness.impls.torch import delta_rule as DR
 from harness.impls.torch._util import compute_dtype, emit, gather_init, scatter_final, silu
 from harness.impls.torch.selective_state_update import effective_dt, step
 
@@ -89,3 +90,35 @@ def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, con
     y = _positions(conv_states, x, query_start_loc, conv_state_indices, num_accepted_tokens, pad_slot_id, cd,
                    advance)
     return emit(y, x, out)
+
+
+_VALIDATE_DELTA = {"gdn": C.validate_gated_delta_rule_update_spec, "kda": C.validate_kda_update_spec}
+
+
+def _delta_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale,
+                use_qk_l2norm, pad_slot_id, out):
+    _, Hk, H = _VALIDATE_DELTA[kind](q, k, v, g, beta, ssm_states, query_start_loc, state_indices,
+                                     num_accepted_tokens, scale, use_qk_l2norm, pad_slot_id, out)[:3]
+    cd = compute_dtype(q.dtype)
+    qp, kp = DR._prep_qk(q, k, scale, use_qk_l2norm, H // Hk, cd)
+    vs, gs, bs = v.to(cd), g.to(cd), beta.to(cd)
+
+    def advance(h, tok):
+        return DR.step(kind, h, qp[tok], kp[tok], vs[tok], gs[tok], bs[tok])
+
+    y = _positions(ssm_states, v, query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, cd, advance)
+    return emit(y, v, out)
+
+
+@provides("torch", "gated_delta_rule_update_spec")
+def gated_delta_rule_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                                 *, scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _delta_spec("gdn", q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                       scale, use_qk_l2norm, pad_slot_id, out)
+
+
+@provides("torch", "kda_update_spec")
+def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, *, scale=None,
+                    use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    return _delta_spec("kda", q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                       scale, use_qk_l2norm, pad_slot_id, out)
