@@ -284,10 +284,14 @@ class EngineRunner:
         from reference import families as ref_families
         ops = spec_mod.spec_ops(engine_families.get(cfg.family, "cfg.family").mixer)
         kinds = ref_families.get(cfg.family, "cfg.family").layer_kinds(cfg)
-        if not ops or "attention" in kinds:
-            raise NotImplementedError(f"speculative decoding: the {cfg.family} family's engine has no speculative "
-                                      f"decode path (the op contract has speculative decode ops for the Mamba "
-                                      f"families only)")
+        if not ops:
+            raise NotImplementedError(f"speculative decoding: the {cfg.family} family's engine mixer has no "
+                                      f"speculative decode path")
+        if "attention" in kinds:
+            layers = [i for i, k in enumerate(kinds) if k == "attention"]
+            raise NotImplementedError(f"speculative decoding: full-attention layers (here layers {layers}) have no "
+                                      f"multi-token decode path in the engine; a {cfg.family} model of linear-attention "
+                                      f"layers only can decode speculatively")
         lacking = [o for o in ops if o not in impl.ops]
         if lacking:
             fail("impl", f"an implementation providing {list(ops)} (speculative decoding)",

@@ -19,8 +19,11 @@ Proposers (anything with ``propose(request_id, tokens, num_drafts) -> sequence o
   probability ``p`` (else a wrong one), so that acceptance ranges over 0..k.
 
 Families: a family's engine mixer runs speculative decode rows if its class names the ops it uses for them
-(``SPEC_OPS``, :class:`SpecDecodeMixin`); Mamba-1, Falcon-Mamba and Mamba-2 do. Gated DeltaNet and KDA have
-no speculative decode ops in the contract: the runner refuses ``num_spec`` > 0 for them with
+(``SPEC_OPS``): Mamba-1, Falcon-Mamba and Mamba-2 (:class:`SpecDecodeMixin`: ``causal_conv1d_update_spec``,
+``selective_state_update_spec``), Gated DeltaNet and KDA (:class:`SpecConvMixin` and the families' delta step:
+``causal_conv1d_update_spec``, ``gated_delta_rule_update_spec`` / ``kda_update_spec``). Full-attention layers
+have no multi-token decode path (their KV pages are keyed by the request's slot, which moves within its slot
+group from step to step): the runner refuses ``num_spec`` > 0 for a model with attention layers with
 NotImplementedError.
 """
 from __future__ import annotations
@@ -33,8 +36,8 @@ import torch
 from harness.engine.metadata import decode_rows, prefill_rows
 from reference.validate import fail
 
-__all__ = ["DraftProposer", "NoDrafts", "RandomProposer", "OracleProposer", "verify_greedy", "SpecDecodeMixin",
-           "spec_ops"]
+__all__ = ["DraftProposer", "NoDrafts", "RandomProposer", "OracleProposer", "verify_greedy", "SpecConvMixin",
+           "SpecDecodeMixin", "spec_ops"]
 
 
 class DraftProposer(Protocol):
@@ -134,14 +137,13 @@ def spec_ops(mixer_class) -> tuple:
     return tuple(getattr(mixer_class, "SPEC_OPS", ()))
 
 
-class SpecDecodeMixin:
-    """Speculative decode rows for an engine mixer of the Mamba families (mixed in before
-    ``harness.engine.families.EngineMixer``): when the step's metadata has ``num_spec`` > 0, the decode rows'
-    conv goes through ``causal_conv1d_update_spec`` and their state update through
-    ``selective_state_update_spec``, with the metadata's slot table, ``num_accepted_tokens`` and the decode
-    rows' ``spec_query_start_loc``; prefill tokens are unchanged."""
+class SpecConvMixin:
+    """The conv of speculative decode rows (mixed in before ``harness.engine.families.EngineMixer``): when the
+    step's metadata has ``num_spec`` > 0, the decode rows' conv goes through ``causal_conv1d_update_spec`` with
+    the metadata's slot table, ``num_accepted_tokens`` and the decode rows' ``spec_query_start_loc``; prefill
+    tokens are unchanged."""
 
-    SPEC_OPS = ("causal_conv1d_update_spec", "selective_state_update_spec")
+    SPEC_OPS = ("causal_conv1d_update_spec",)
 
     def conv(self, xbc, md, conv_states):
         if not getattr(md, "num_spec", 0) or not md.num_decodes:
@@ -156,6 +158,14 @@ class SpecDecodeMixin:
             prefill_rows(xbc, P), self.conv_w, self.conv_b, conv_states, md.prefill_query_start_loc,
             md.prefill_state_indices, md.prefill_has_initial_states, activation="silu")
         return torch.cat([pre, dec])
+
+
+
+class SpecDecodeMixin(SpecConvMixin):
+    """Speculative decode rows for an engine mixer of the Mamba families: the conv of :class:`SpecConvMixin`,
+    and the decode rows' state update through ``selective_state_update_spec`` (:meth:`state_update`)."""
+
+    SPEC_OPS = ("causal_conv1d_update_spec", "selective_state_update_spec")
 
     def state_update(self, md, ssm_states, x, dt, A, B, C, D, z, dt_bias, **kw):
         """The decode rows' state update: ``selective_state_update`` (one token per row, slot

@@ -1,7 +1,8 @@
 """Speculative decoding through the engine (harness.engine.spec): draft tokens, greedy verification and
 rollback through the slot table give exactly plain greedy decoding.
 
-The property: a scenario (tiny model of a family with speculative decode ops, requests in waves, chunked
+The property: a scenario (tiny model of a family with speculative decode ops -- the hybrids' with linear-attention
+layers only, as the engine decodes speculatively only through mixers -- requests in waves, chunked
 prefill, prefix cache in mode align or all, decode padding, both pool layouts) run with plain decoding and
 run again with k draft tokens per step (random drafts, or the plain run's tokens proposed with probability p,
 so that acceptance ranges over 0..k) gives the same tokens, the same logits and the same states: the final
@@ -22,14 +23,20 @@ from hypothesis import assume, currently_in_test_context, event, example, given,
 
 from harness.engine import PAD_SLOT_ID, BatchEntry, Request, Scheduler, StatePool, build_metadata
 from harness.engine.runner import EngineRunner
-from harness.engine.spec import NoDrafts, OracleProposer, RandomProposer, SpecDecodeMixin, verify_greedy
+from harness.engine import families as engine_families
+from harness.engine.spec import NoDrafts, OracleProposer, RandomProposer, SpecDecodeMixin, spec_ops, verify_greedy
 from harness.scenarios import (Mismatch, RunnerFactory, Scenario, check_state, factory_for, reference_run, scenarios,
                                skip_reason, tiny_model)
 from harness.testing.checks import Tolerance, compare
 from reference.cache import Mamba2Spec
 
-SPEC_FAMILIES = ("mamba1", "falcon_mamba", "mamba2")
+SPEC_FAMILIES = ("mamba1", "falcon_mamba", "mamba2", "gdn", "kda")
 SPEC_OPS = SpecDecodeMixin.SPEC_OPS
+
+
+def family_spec_ops(family: str) -> tuple:
+    """The speculative decode ops of `family`'s engine mixer."""
+    return spec_ops(engine_families.get(family).mixer)
 EXACT = Tolerance(atol=1e-12, rtol=0.0, ratio=1e-12)  # the float64 reference against itself
 
 
@@ -81,7 +88,7 @@ def run_both(case: SpecCase, make_runner):
     (the proposer knowing the plain run's tokens). Returns (plain results, spec results, plain runner,
     spec runner)."""
     scen = case.scenario
-    model = tiny_model(scen.family, scen.model_seed)
+    model = tiny_model(scen.family, scen.model_seed, True)
     vocab = model[0].vocab_size_unpadded
 
     def waves(runner, extra):
@@ -160,7 +167,7 @@ def prop_spec_matches_plain(case: SpecCase, make_runner, check=None, tol: Tolera
                 _close(f"speculative decoding snapshot {k}", snap[k], p.states[len(prefix)][k], tol, where, check,
                        make_runner)
         else:  # a prefill chunk end of the speculative run only: the oracle's state
-            _, ref = reference_run(scen.family, scen.model_seed, tuple(prefix))
+            _, ref = reference_run(scen.family, scen.model_seed, tuple(prefix), True)
             check_state("speculative decoding snapshot", snap, ref, make_runner.state_tol, where, check, make_runner)
     if case.follow and scen.cache_mode == "all" and spec["follow"].num_cached != plain["follow"].num_cached:
         raise Mismatch(f"speculative decoding: the follow-up request was seeded with {spec['follow'].num_cached} "
@@ -176,29 +183,37 @@ PARTIAL = SpecCase(BASE, num_spec=3, proposer="oracle", p=0.7, seed=1)
 ALIGN_M1 = SpecCase(replace(BASE, family="mamba1", cache_mode="align", layout="page_major", waves=((0, 1, 2),)),
                     num_spec=2, proposer="oracle", p=0.5, seed=4)
 RANDOM_FALCON = SpecCase(replace(BASE, family="falcon_mamba"), num_spec=4, proposer="random", seed=2)
+PARTIAL_GDN = SpecCase(replace(BASE, family="gdn"), num_spec=3, proposer="oracle", p=0.7, seed=1)
+ALIGN_KDA = SpecCase(replace(BASE, family="kda", cache_mode="align", layout="page_major", waves=((0, 1, 2),)),
+                     num_spec=2, proposer="oracle", p=0.5, seed=4)
 # every implementation, Triton under the CPU interpreter too: one request, a few tokens
 TINY = Scenario(family="mamba2", model_seed=0, prompts=((3, 4, 5, 6, 7, 8),), max_new=(5,), track=(True,),
                 waves=((0,),), token_budget=8, block_size=8, cache_mode="all", chunk_seed=1, num_slots=1)
 
 
-DECODE_OPS = SPEC_OPS + ("causal_conv1d_update", "selective_state_update")
+PLAIN_DECODE_OPS = {"gdn": ("causal_conv1d_update", "gated_delta_rule_update"),
+                    "kda": ("causal_conv1d_update", "kda_update")}
 
 
 def _interpreted(impl, device) -> bool:
     return impl.name == "triton" and device.startswith("cpu")
 
 
-def _factory(impl, device):
-    lacking = [o for o in SPEC_OPS if o not in impl.ops]
+def _factory(impl, device, families=SPEC_FAMILIES):
+    """A runner factory of `impl` for speculative runs of `families` (skips when it lacks their ops)."""
+    need = tuple(dict.fromkeys(o for f in families for o in family_spec_ops(f)))
+    lacking = [o for o in need if o not in impl.ops]
     if lacking:
         pytest.skip(f"implementation {impl.name!r} lacks the speculative decode ops {lacking}")
     if _interpreted(impl, device):
         # the interpreter takes about a second per prefill kernel call: the decode ops (plain and
         # speculative, the ones compared here) are Triton's, prefill and norms torch's
         from harness.impls import registry
-        ops = {**registry.get("torch").ops, **{o: impl.ops[o] for o in DECODE_OPS}}
+        plain = [o for f in families for o in PLAIN_DECODE_OPS.get(f, ("causal_conv1d_update",
+                                                                        "selective_state_update"))]
+        ops = {**registry.get("torch").ops, **{o: impl.ops[o] for o in need + tuple(plain)}}
         return factory_for(dataclasses.replace(impl, name="triton-decode+torch", ops=ops), device)
-    why = skip_reason(impl, device, "mamba2")
+    why = skip_reason(impl, device, families[0])
     if why:
         pytest.skip(why)
     return factory_for(impl, device)
@@ -212,13 +227,19 @@ def _tol(make_runner):
 @example(case=PARTIAL)
 @example(case=ALIGN_M1)
 @example(case=RANDOM_FALCON)
+@example(case=PARTIAL_GDN)
+@example(case=ALIGN_KDA)
 def test_engine_spec_matches_plain(impl, device, check, case):
     """Random drafts and random acceptance (0..k drafts per step), prefix cache and chunked prefill on:
     exactly the tokens, logits and states of plain decoding."""
     if _interpreted(impl, device):
         pytest.skip("Triton under the CPU interpreter takes seconds per engine run: test_engine_spec_tiny runs its "
                     "decode ops on one tiny case per family; the property runs it on GPU")
-    f = _factory(impl, device)
+    fams = tuple(f for f in SPEC_FAMILIES if all(o in impl.ops for o in family_spec_ops(f)))
+    if not fams:
+        pytest.skip(f"implementation {impl.name!r} has the speculative decode ops of no family")
+    assume(case.scenario.family in fams)
+    f = _factory(impl, device, (case.scenario.family,))
     prop_spec_matches_plain(case, f, check=check, tol=_tol(f))
 
 
@@ -227,7 +248,7 @@ def test_engine_spec_tiny(impl, device, check, family):
     """One request, 5 tokens, 2 drafts per step with partial acceptance, a snapshot inside a speculative
     step: every implementation with the speculative ops (under the CPU interpreter, Triton's decode ops with
     torch's prefill, one prefill chunk and no follow-up request)."""
-    f = _factory(impl, device)
+    f = _factory(impl, device, (family,))
     case = SpecCase(replace(TINY, family=family), num_spec=2, proposer="oracle", p=0.5, seed=7)
     if _interpreted(impl, device):
         case = replace(case, scenario=replace(case.scenario, chunk_seed=None), follow=False)
@@ -303,6 +324,8 @@ def _planted():
             ref["causal_conv1d_update_spec"])),
         "state of the last draft kept": _wrapped("last-draft", selective_state_update_spec=_keep_last_draft(
             ref["selective_state_update_spec"])),
+        "delta rule from the first slot": _wrapped("first-slot-gdn", gated_delta_rule_update_spec=_from_first_slot(
+            ref["gated_delta_rule_update_spec"]), kda_update_spec=_from_first_slot(ref["kda_update_spec"])),
     }
 
 
@@ -312,6 +335,15 @@ def _planted():
 def test_planted_faults_break_the_property(fault, case):
     """A step that starts from the first slot of the group (state update or conv), or that leaves the
     last draft's state where the last accepted one's belongs, fails the property."""
+    with pytest.raises(Mismatch):
+        prop_spec_matches_plain(case, _planted()[fault], tol=EXACT)
+
+
+@pytest.mark.parametrize("fault", ["delta rule from the first slot", "conv from the first slot"])
+@pytest.mark.parametrize("case", [PARTIAL_GDN, ALIGN_KDA], ids=["gdn", "kda"])
+def test_planted_faults_break_the_property_of_the_delta_families(fault, case):
+    """The delta rule's (or the conv's) speculative step starting from the group's first slot fails the
+    property for Gated DeltaNet and KDA."""
     with pytest.raises(Mismatch):
         prop_spec_matches_plain(case, _planted()[fault], tol=EXACT)
 
@@ -456,13 +488,16 @@ def test_metadata_of_a_speculative_step():
 
 
 def test_runner_refuses_what_it_cannot_run():
-    """Gated DeltaNet and KDA have no speculative decode path: NotImplementedError naming the family; an
+    """A hybrid model (full-attention layers have no multi-token decode path): NotImplementedError naming the
+    attention layers; an
     implementation without the speculative ops, a missing proposer, a proposer without speculative decoding,
     and a proposer's out-of-vocabulary draft are ValueErrors."""
     from harness.impls import registry
     for fam in ("gdn", "kda"):
-        with pytest.raises(NotImplementedError, match=rf"^speculative decoding: the {fam} family"):
+        with pytest.raises(NotImplementedError, match=r"^speculative decoding: full-attention layers \(here "
+                                                      r"layers \[1\]\) have no multi-token decode path"):
             EngineRunner(tiny_model(fam, 0), "reference", num_spec=2, proposer=NoDrafts())
+        EngineRunner(tiny_model(fam, 0, True), "reference", num_spec=2, proposer=NoDrafts())
     model = tiny_model("mamba2", 0)
     ref = registry.get("reference")
     lacking = dataclasses.replace(ref, name="plain-only", ops={k: v for k, v in ref.ops.items() if k not in SPEC_OPS})

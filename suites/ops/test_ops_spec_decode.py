@@ -1,5 +1,6 @@
 """Op suite: multi-token decode for speculative decoding (`selective_state_update_spec` in both layouts,
-`causal_conv1d_update_spec`), every implementation that provides it.
+`causal_conv1d_update_spec`, `gated_delta_rule_update_spec`, `kda_update_spec`), every implementation that
+provides it.
 
 An engine's steps are replayed: each step every row carries 1..num_spec+1 random tokens (some none, some
 rows padding), starts from the slot of its last accepted position of the previous step, and afterwards a
@@ -25,10 +26,12 @@ from harness.testing.checks import Tolerance, assert_bitwise_equal, compare, poi
 from harness.testing.optest import check_pad_rows, interp_small, randn, require
 from reference.testing import gen
 
-KINDS = ("mamba1", "mamba2", "conv")
+KINDS = ("mamba1", "mamba2", "conv", "gdn", "kda")
 SPEC_OP = {"mamba1": "selective_state_update_spec", "mamba2": "selective_state_update_spec",
-           "conv": "causal_conv1d_update_spec"}
-PLAIN_OP = {"mamba1": "selective_state_update", "mamba2": "selective_state_update", "conv": "causal_conv1d_update"}
+           "conv": "causal_conv1d_update_spec", "gdn": "gated_delta_rule_update_spec", "kda": "kda_update_spec"}
+PLAIN_OP = {"mamba1": "selective_state_update", "mamba2": "selective_state_update", "conv": "causal_conv1d_update",
+            "gdn": "gated_delta_rule_update", "kda": "kda_update"}
+OUT_LIKE = {"gdn": "v", "kda": "v"}  # the per-token input the output is shaped like (default x)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 DT_IDS = [str(d).replace("torch.", "") for d in DTYPES]
 STEPS = 3
@@ -37,6 +40,8 @@ STEPS = 3
 def _setup(kind, rng, g, dtype, device, small):
     """(slot shape, static params by name, per-token shapes by name, options)."""
     pd = torch.float64 if dtype == torch.float64 else torch.float32
+    if kind in ("gdn", "kda"):
+        return _setup_delta(kind, rng, small)
     if kind == "conv":
         D, K = rng.choice([1, 4, 6] if small else [1, 4, 6, 33]), rng.choice([2, 3, 4])
         params = dict(weight=randn(g, (D, K), dtype, device, scale=0.5),
@@ -65,8 +70,25 @@ def _setup(kind, rng, g, dtype, device, small):
     return slot, params, toks, opts
 
 
+def _setup_delta(kind, rng, small):
+    """Gated DeltaNet (value heads a multiple of the key heads) or KDA (one head count): no static parameters;
+    per token q, k, v, g (a log-decay per value head, or per key channel) and beta."""
+    Hk = rng.choice([1, 2])
+    Hv = Hk * rng.choice([1, 2]) if kind == "gdn" else Hk
+    K, V = rng.choice([3, 8] if small else [3, 8, 16]), rng.choice([2, 5])
+    toks = dict(q=(Hk, K), k=(Hk, K), v=(Hv, V), g=(Hv,) if kind == "gdn" else (Hv, K), beta=(Hv,))
+    opts = dict(use_qk_l2norm=rng.random() < 0.5, scale=rng.choice([None, 0.5]))
+    return (Hv, V, K), {}, toks, opts
+
+
 def _tokens(g, toks, T, dtype, device):
-    return {k: randn(g, (T,) + tuple(s), dtype, device, shift=-3.0 if k == "dt" else 0.0) for k, s in toks.items()}
+    t = {k: randn(g, (T,) + tuple(s), dtype, device, shift=-3.0 if k == "dt" else 0.0) for k, s in toks.items()}
+    if "beta" in t:  # the delta rule's log-decays in (-1, 0), write strengths in (0, 1), keys of norm ~1
+        pd = torch.float64 if dtype == torch.float64 else torch.float32
+        t["g"] = -torch.sigmoid(t["g"].to(pd)) * 0.5
+        t["beta"] = torch.sigmoid(t["beta"].to(pd))
+        t["k"] = t["k"] * t["k"].shape[-1] ** -0.5
+    return t
 
 
 def _ulps(cd, scale: float) -> Tolerance:
@@ -122,7 +144,7 @@ def test_spec_decode_is_plain_decode_of_accepted_tokens(impl, device, kind, dtyp
         kw = {**params, **t, sp.pool: pool, sp.index: table, **opts,
               "query_start_loc": torch.tensor(qsl, dtype=itype, device=device),
               "num_accepted_tokens": torch.tensor(acc, dtype=itype, device=device)}
-        out = poison_(torch.empty_like(t["x"]))
+        out = poison_(torch.empty_like(t[OUT_LIKE.get(kind, "x")]))
         y = sp.call(fn, {**kw, "out": out})
         assert y is out, f"{ctx}: the op must return out="
         check_pad_rows(op, y, [], kw, context=f"{ctx} step {step}; out= was filled with NaN before the call")
@@ -194,7 +216,7 @@ def test_padding_rows_and_empty_rows_touch_nothing(impl, device, kind):
     kw = {**params, **t, sp.pool: pool, sp.index: table, **opts,
           "query_start_loc": torch.tensor([0, 3, 3], dtype=torch.int32, device=device),
           "num_accepted_tokens": torch.tensor([2, 1], dtype=torch.int32, device=device)}
-    y = sp.call(impl.op(op), {**kw, "out": poison_(torch.empty_like(t["x"]))})
+    y = sp.call(impl.op(op), {**kw, "out": poison_(torch.empty_like(t[OUT_LIKE.get(kind, "x")]))})
     assert_bitwise_equal(f"{impl.name} {op}: pool after a batch of padding rows", pool, before)
     assert pad_rows(op, [], kw).tolist() == [True] * 3
     check_pad_rows(op, y, [], kw, context=f"{impl.name}; out= was filled with NaN before the call")

@@ -26,14 +26,19 @@ PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
 def delta_step(ops, varlen: str, update: str, md, q, k, v, g, beta, ssm_states):
-    """o (T, Hv, V) of a mixed step: `varlen` over the prefill tokens, `update` over the decode rows."""
+    """o (T, Hv, V) of a mixed step: `varlen` over the prefill tokens, `update` over the decode rows (in a
+    speculative step, ``<update>_spec`` over the decode rows' tokens: ``harness.engine.spec``)."""
     P = md.num_prefill_tokens
     outs = []
     if md.num_prefills:
         outs.append(ops[varlen](*(prefill_rows(t, P) for t in (q, k, v, g, beta)), ssm_states,
                                 md.prefill_query_start_loc, md.prefill_state_indices, md.prefill_has_initial_states,
                                 use_qk_l2norm=True))
-    if md.num_decodes:
+    if md.num_decodes and getattr(md, "num_spec", 0):
+        outs.append(ops[update + "_spec"](*(decode_rows(t, P) for t in (q, k, v, g, beta)), ssm_states,
+                                          md.spec_query_start_loc, md.spec_state_indices, md.num_accepted_tokens,
+                                          use_qk_l2norm=True))
+    elif md.num_decodes:
         outs.append(ops[update](*(decode_rows(t, P) for t in (q, k, v, g, beta)), ssm_states, md.decode_state_indices,
                                 use_qk_l2norm=True))
     return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
 from harness.engine.families._delta import AttentionLayer, check_tp as check_hybrid_tp, delta_step
+from harness.engine.spec import SpecConvMixin
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "gated_delta_rule_varlen", "gated_delta_rule_update",
        "gated_rms_norm")
@@ -51,7 +52,9 @@ def _block_rows(groups: int, sizes: list[int]) -> list[torch.Tensor]:
     return [torch.cat([torch.arange(s, s + n) + j * width for j in range(groups)]) for s, n in zip(starts, sizes)]
 
 
-class GDNMixer(EngineMixer):
+class GDNMixer(SpecConvMixin, EngineMixer):
+    SPEC_OPS = ("causal_conv1d_update_spec", "gated_delta_rule_update_spec")
+
     def __init__(self, cfg, params, ops, **kw):
         super().__init__(cfg, params, ops, **kw)
         # this rank's heads (all of them with one rank)

@@ -33,11 +33,14 @@ import torch.nn.functional as F
 
 from harness.engine.families import EngineFamily, EngineMixer, linear, register
 from harness.engine.families._delta import AttentionLayer, check_tp as check_hybrid_tp, delta_step
+from harness.engine.spec import SpecConvMixin
 
 OPS = ("causal_conv1d_varlen", "causal_conv1d_update", "kda_varlen", "kda_update", "gated_rms_norm")
 
 
-class KDAMixer(EngineMixer):
+class KDAMixer(SpecConvMixin, EngineMixer):
+    SPEC_OPS = ("causal_conv1d_update_spec", "kda_update_spec")
+
     def conv_weight(self):
         return torch.cat([self.weight(f"{n}_conv1d.weight")[:, 0, :] for n in "qkv"]).contiguous()
 
