@@ -277,3 +277,7 @@ def gated_delta_rule_update(q, k, v, g, beta, state, *, scale=None, use_qk_l2nor
 def kda_update(q, k, v, g, beta, state, *, scale=None, use_qk_l2norm=False):
     """One KDA decode step: q, k, v (B, H, .), g (B, H, K), beta (B, H), state (B, H, V, K)."""
     return _update("kda", q, k, v, g, beta, state, scale, use_qk_l2norm)
+
+
+# the one-token decode step of each kind of delta rule (reference.spec_decode runs it token by token)
+UPDATES = {"gdn": gated_delta_rule_update, "kda": kda_update}

@@ -37,7 +37,7 @@ import torch
 
 from reference._common import check_dt_limit, check_float, softplus
 from reference.conv1d import causal_conv1d_update
-from reference.delta_rule import gated_delta_rule_update, kda_update
+from reference.delta_rule import UPDATES as DELTA_UPDATES
 from reference.selective_scan import selective_state_update
 from reference.ssd import ssd_state_update
 from reference.validate import check_cu_seqlens, check_tensor, fail
@@ -168,7 +168,7 @@ def spec_conv1d_update(x, conv_states, weight, bias=None, *, activation=None, qu
 
 def spec_delta_rule_update(kind: str, q, k, v, g, beta, state, *, scale=None, use_qk_l2norm=False, query_start_loc,
                            state_indices, num_accepted_tokens, pad_slot_id=-1):
-    """Multi-token Gated DeltaNet (`kind` "gdn") or KDA ("kda") decode.
+    """Multi-token Gated DeltaNet or KDA decode (`kind`: a key of reference.delta_rule.UPDATES).
 
     Args:
         q, k: (T, Hk, K); v: (T, Hv, V); g: (T, Hv) (GDN) or (T, H, K) (KDA); beta: (T, Hv) -- packed tokens.
@@ -179,12 +179,12 @@ def spec_delta_rule_update(kind: str, q, k, v, g, beta, state, *, scale=None, us
     Returns:
         (o, new_state): o (T, Hv, V) like v; new_state the pool after the step (a new tensor).
     """
-    if kind not in ("gdn", "kda"):
-        fail("kind", '"gdn" or "kda"', repr(kind))
+    update = DELTA_UPDATES.get(kind)
+    if update is None:
+        fail("kind", f"one of {sorted(DELTA_UPDATES)}", repr(kind))
     check_float("state", state, ndim=4)
     check_float("v", v, ndim=3)
     rows = spec_rows(query_start_loc, state_indices, num_accepted_tokens, v.shape[0], state.shape[0], pad_slot_id)
-    update = gated_delta_rule_update if kind == "gdn" else kda_update
     o = torch.zeros_like(v)
 
     def step(h, t):
