@@ -2,103 +2,30 @@
 `selective_state_update_spec` in both layouts and `causal_conv1d_update_spec`) on the edges of their layout,
 against the float64 oracle.
 
-A program reads its row's start slot once and writes every position's slot after its token (the SSM kernels
-loop over the row's tokens, the conv kernel walks all num_spec + 1 positions and masks off those past them). Cases: rows of every length from 0 to
-num_spec + 1 in one batch, every start position, a row that overwrites its own start slot (and one that
-starts past its tokens, leaving it untouched), pad entries inside a live row's slot table, padding rows,
-a slot table that is a non-contiguous (transposed) view with int64 ids, strided pools (page-major, and
-channels-last conv slots), Mamba-1 channel blocks that straddle groups and Mamba-2 D per head or per (head, P)
-row, the block sizes the launch configuration may choose (a channel count past one block). Runs on the device
-under test (CPU through the Triton interpreter: fp32 / fp64 there; fp32 and bf16 on a GPU).
+A program reads its row's start slot once and writes every position's slot after its token (the SSM kernels loop
+over the row's tokens, the conv kernel walks all num_spec + 1 positions and masks off those past them). Cases (the
+batch of harness.testing.spec_decode_rows): rows of every length from 0 to num_spec + 1 in one batch, every start
+position, a row that overwrites its own start slot (and one that starts past its tokens, leaving it untouched), pad
+entries inside a live row's slot table, padding rows, a slot table that is a non-contiguous (transposed) view with
+int64 ids, strided pools (page-major, and channels-last conv slots), Mamba-1 channel blocks that straddle groups and
+Mamba-2 D per head or per (head, P) row, the block sizes the launch configuration may choose (a channel count past
+one block). Runs on the device under test (CPU through the Triton interpreter: fp32 / fp64 there; fp32 and bf16 on a
+GPU).
 """
 import pytest
 import torch
 
-from harness.impls.reference_impl import oracle
-from harness.ops import PAD_SLOT_ID, SPECS
 from harness.testing import make_pool
-from harness.testing.checks import assert_bitwise_equal, compare, poison_, tolerance_for
-from harness.testing.optest import check_pad_rows
+from harness.testing.spec_decode_rows import (ROWS, S, T, check_rows, kernel_dtypes, layout_of_rows,
+                                              triton_impl)
 from reference.testing import gen
-
-# rows: (token count, num_accepted_tokens, pad positions in the row's slots, padding row: start slot pad)
-NUM_SPEC = 3
-S = NUM_SPEC + 1
-ROWS = [(4, 1, (), False), (2, 3, (), False), (0, 2, (), False), (3, 2, (1,), False), (1, 4, (), False),
-        (4, 4, (2,), False), (2, 2, (1,), True), (3, 1, (), False)]
-
-
-def _impl(device):
-    from harness.impls.registry import get
-    from harness.impls.triton._common import has_gpu, interpreting
-    if device.startswith("cpu") and not interpreting():
-        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 (pytest --device cpu sets it)")
-    if not device.startswith("cpu") and not has_gpu():
-        pytest.skip("no GPU for Triton")
-    return get("triton")
-
-
-def _dtypes(device):
-    return [torch.float32, torch.float64] if device.startswith("cpu") else [torch.float32, torch.bfloat16]
-
-
-def _layout_of_rows(device, num_slots, seed):
-    """query_start_loc, a transposed (non-contiguous) int64 slot table, num_accepted_tokens, and the rows'
-    slots; slot ids drawn without repetition from the pool (slot order unrelated to row order)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randperm(num_slots, generator=g)[:len(ROWS) * S].tolist()
-    table = []
-    for b, (_, acc, pads, padding) in enumerate(ROWS):
-        row = ids[b * S:(b + 1) * S]
-        for j in pads:
-            row[j] = PAD_SLOT_ID
-        if padding:
-            row[acc - 1] = PAD_SLOT_ID
-        table.append(row)
-    qsl = [0]
-    for n, *_ in ROWS:
-        qsl.append(qsl[-1] + n)
-    tab = torch.tensor(table, dtype=torch.int64, device=device).t().contiguous().t()  # strides (1, Bsz)
-    assert not tab.is_contiguous()
-    return (torch.tensor(qsl, dtype=torch.int32, device=device), tab,
-            torch.tensor([r[1] for r in ROWS], dtype=torch.int32, device=device), table, qsl)
-
-
-def _check(impl, op, kw, table, qsl, dtype, ctx):
-    sp = SPECS[op]
-    pool = kw[sp.pool]
-    before = pool.clone()
-    pos, opt = sp.split(kw)
-    y_ref, pool_ref = oracle(op, *pos, **opt)
-    out = poison_(torch.empty_like(kw["x"]))
-    y = sp.call(impl.op(op), {**kw, "out": out})
-    assert y is out, f"{ctx}: the op must return out="
-    check_pad_rows(op, y, [], kw, context=f"{ctx}; out= was filled with NaN before the call")
-    tol = tolerance_for(dtype, scale=2.0)
-    written = set()
-    for b, (n, acc, _, _) in enumerate(ROWS):
-        if n == 0 or table[b][acc - 1] == PAD_SLOT_ID:
-            continue
-        c = compare(f"{ctx} row {b}: outputs", y[qsl[b]:qsl[b + 1]], y_ref[qsl[b]:qsl[b + 1]], tol)
-        assert c.passed, c.message()
-        for j in range(n):
-            s = table[b][j]
-            if s != PAD_SLOT_ID:
-                written.add(s)
-                c = compare(f"{ctx} row {b} position {j}: slot {s}", pool[s], pool_ref[s], tol)
-                assert c.passed, c.message()
-    assert written, f"{ctx}: the case writes no slot"
-    for s in range(pool.shape[0]):
-        if s not in written:
-            assert_bitwise_equal(f"{ctx}: slot {s} (not written)", pool[s], before[s])
 
 
 def _ssm_kwargs(layout, pool_layout, dtype, device, *, d_per_p=False, G=1, Dm=40, seed=0):
     g = gen(seed)
     pd = torch.float64 if dtype == torch.float64 else torch.float32
-    T = sum(r[0] for r in ROWS)
     num_slots = len(ROWS) * S + 3
-    qsl, tab, acc, table, qs = _layout_of_rows(device, num_slots, seed)
+    qsl, tab, acc, table, qs = layout_of_rows(device, num_slots, seed)
 
     def rn(*shape, dt=dtype, scale=1.0, shift=0.0):
         return (torch.randn(shape, generator=g, dtype=torch.float32) * scale + shift).to(device, dt)
@@ -121,33 +48,32 @@ def _ssm_kwargs(layout, pool_layout, dtype, device, *, d_per_p=False, G=1, Dm=40
 @pytest.mark.parametrize("pool_layout", ["contiguous", "page_major"])
 @pytest.mark.parametrize("layout", ["mamba1", "mamba2"])
 def test_state_update_spec_layout_edges(device, layout, pool_layout):
-    impl = _impl(device)
-    for dtype in _dtypes(device):
+    impl = triton_impl(device)
+    for dtype in kernel_dtypes(device):
         kw, table, qsl = _ssm_kwargs(layout, pool_layout, dtype, device, d_per_p=pool_layout == "page_major")
-        _check(impl, "selective_state_update_spec", kw, table, qsl, dtype,
-               f"triton selective_state_update_spec {layout} {dtype} {pool_layout}")
+        check_rows(impl, "selective_state_update_spec", kw, table, qsl, dtype,
+                   f"triton selective_state_update_spec {layout} {dtype} {pool_layout}")
 
 
 @pytest.mark.parametrize("G,Dm", [(4, 40), (2, 300)])
 def test_mamba1_channel_blocks_across_groups(device, G, Dm):
     """Channel blocks that straddle groups (B / C gathered per channel), and more channels than one block
     (300 channels: several blocks of the launch configuration on a GPU, 19 of 16 under the interpreter)."""
-    impl = _impl(device)
+    impl = triton_impl(device)
     kw, table, qsl = _ssm_kwargs("mamba1", "page_major", torch.float32, device, G=G, Dm=Dm, seed=1)
-    _check(impl, "selective_state_update_spec", kw, table, qsl, torch.float32,
-           f"triton selective_state_update_spec mamba1 G={G} Dm={Dm}")
+    check_rows(impl, "selective_state_update_spec", kw, table, qsl, torch.float32,
+               f"triton selective_state_update_spec mamba1 G={G} Dm={Dm}")
 
 
 @pytest.mark.parametrize("pool_layout", ["contiguous", "page_major", "channels_last"])
 @pytest.mark.parametrize("K", [2, 4])
 def test_conv1d_update_spec_layout_edges(device, K, pool_layout):
-    impl = _impl(device)
+    impl = triton_impl(device)
     D = 37  # past one channel block under the interpreter, a partial block everywhere
-    for dtype in _dtypes(device):
+    for dtype in kernel_dtypes(device):
         g = gen(K)
-        T = sum(r[0] for r in ROWS)
         num_slots = len(ROWS) * S + 2
-        qsl, tab, acc, table, qs = _layout_of_rows(device, num_slots, K)
+        qsl, tab, acc, table, qs = layout_of_rows(device, num_slots, K)
 
         def rn(*shape, scale=1.0):
             return (torch.randn(shape, generator=g, dtype=torch.float32) * scale).to(device, dtype)
@@ -156,5 +82,5 @@ def test_conv1d_update_spec_layout_edges(device, K, pool_layout):
         kw = dict(x=rn(T, D), conv_states=make_pool(num_slots, (D, K - 1), pd, device, layout=pool_layout, seed=K),
                   weight=rn(D, K, scale=0.5), bias=rn(D, scale=0.1), query_start_loc=qsl, conv_state_indices=tab,
                   num_accepted_tokens=acc, activation="silu")
-        _check(impl, "causal_conv1d_update_spec", kw, table, qs, dtype,
-               f"triton causal_conv1d_update_spec K={K} {dtype} {pool_layout}")
+        check_rows(impl, "causal_conv1d_update_spec", kw, table, qs, dtype,
+                   f"triton causal_conv1d_update_spec K={K} {dtype} {pool_layout}")

@@ -1,21 +1,31 @@
 """Triton decode steps of the gated delta rule: `gated_delta_rule_update` (Gated DeltaNet, one log-decay per
-value head) and `kda_update` (Kimi Delta Attention, one log-decay per key channel), one kernel for both.
+value head) and `kda_update` (Kimi Delta Attention, one log-decay per key channel), one kernel for both; and
+their multi-token forms for speculative decoding, `gated_delta_rule_update_spec` and `kda_update_spec`, a
+second kernel built from the same step.
 
 One program per (batch row, value head, block of BV value rows), on a flat grid whose consecutive programs
 walk the value blocks of one head, then the heads of one row (so they stream a slot's contiguous (Hv, V, K)
 state in order and share the row's q / k loads). A program holds its (BV, K) tile of the value-major
 state in registers, K the contiguous vector axis, and streams it once: read, update in fp32 (fp64 for
-fp64 activations), write back in place. Per row b and value head h (key head h // (Hv // Hk)):
+fp64 activations), write back in place. Per token t of row b and value head h (key head h // (Hv // Hk)):
 
     q, k <- l2norm(q), l2norm(k) (optional; x / sqrt(sum x^2 + 1e-6)),  q <- q * scale
     S <- exp(g) S            (g a scalar (GDN) or a K-vector scaling S's columns (KDA))
     u = beta (v - S k),  S <- S + u k^T,  o = S q
 
-The row's slot is state_indices[b]; a pad row (index == pad_slot_id) reads and writes no slot and its
-output is stored as 0 (the op contract). The pool may
-be any strided view (page-major); its strides are used as they are. Launch parameters (BV, num_warps per
-family, and the smallest grid a small batch is spread to) come from CONFIG
-(configs/<device>/delta_rule_update.json). No host synchronisation: the op can be captured in a CUDA graph.
+One-token decode: token b, the row's slot state_indices[b] read and written; a pad row (index ==
+pad_slot_id) reads and writes no slot and its output is stored as 0 (the op contract). Multi-token decode
+(layout: reference.spec_decode): the program reads the tile of the row's start slot
+state_indices[b, num_accepted_tokens[b] - 1] once, then for each of the row's tokens query_start_loc[b] + j
+(at most num_spec + 1) applies the step, stores o and stores the tile to slot state_indices[b, j] (unless it
+is the pad id). Slot ids are distinct over the whole table, so a program is the only reader and writer of its
+tile in its row's slots, and the start tile is in registers before its first store (a row may write into its
+start slot). A row without tokens or whose start slot is the pad id reads and writes no slot and its tokens
+get o = 0. The pool may be any strided view (page-major); its strides are used as they are, as are those of
+q, k, v, g, beta, o and the slot table. Launch parameters (BV, num_warps per family, and the smallest grid a
+small batch is spread to; both forms alike) come from CONFIG (configs/<device>/delta_rule_update.json). No
+host synchronisation: the ops can be captured in a CUDA graph (the layout's value checks run in the op's
+validation, which `no_index_checks()` skips).
 """
 from __future__ import annotations
 
@@ -30,6 +40,7 @@ from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (compute_dtype, device_guard, index_type, interpreting, launch_config,
                                           next_power_of_2)
+from harness.impls.triton.spec_decode import _pos, _row, _zero_padding_row
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
 
@@ -49,21 +60,14 @@ _EPS = tl.constexpr(L2NORM_EPS)
 
 
 @triton.jit
-def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_ptr, o_ptr,
-                              HV, HPK, V, K, NV, pad_id, scale_hi, scale_lo,
-                              sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
-                              ss0, ss1, ss2, ss3, so0, so1, so2,
-                              BV: tl.constexpr, BK: tl.constexpr, PER_KEY: tl.constexpr, L2NORM: tl.constexpr,
-                              ACC: tl.constexpr, IDX: tl.constexpr, EVEN_V: tl.constexpr, EVEN_K: tl.constexpr):
-    pid = tl.program_id(0)
+def _program(pid, HV, HPK, V, K, NV, BV: tl.constexpr, BK: tl.constexpr, IDX: tl.constexpr, EVEN_V: tl.constexpr,
+             EVEN_K: tl.constexpr):
+    """Program pid's row b, value head h and key head hk (int64; consecutive programs walk the value blocks of
+    one head, then the heads of one row), its first value row v0, its key channels kk and value rows vv
+    (index type IDX) and their masks."""
     vb = pid % NV
     bh = pid // NV
     h = bh % HV
-    b = (bh // HV).to(tl.int64)
-    hk = h // HPK
-    h64 = h.to(tl.int64)
-    hk64 = hk.to(tl.int64)
-
     kk = tl.arange(0, BK).to(IDX)
     vv = tl.arange(0, BV).to(IDX)
     v0 = vb * BV
@@ -75,20 +79,25 @@ def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_
         vm = tl.full((BV,), 1, tl.int1)
     else:
         vm = (v0 + vv) < V
+    return (bh // HV).to(tl.int64), h.to(tl.int64), (h // HPK).to(tl.int64), v0, kk, vv, km, vm
 
-    # the row's slot; a pad reads as a zero state and writes nothing
-    slot = tl.load(idx_ptr + b).to(tl.int64)
-    live = (vv * 0 + slot) != pad_id  # as a vector (the interpreter mishandles vector & scalar bools)
-    slot = tl.where(slot != pad_id, slot, 0)
-    sbase = st_ptr + slot * ss0 + h64 * ss1 + v0.to(tl.int64) * ss2
-    sptr = sbase + vv[:, None] * ss2 + kk[None, :] * ss3
-    smask = (vm & live)[:, None] & km[None, :]
-    s = tl.load(sptr, mask=smask, other=0.0).to(ACC)
 
-    qv = tl.load(q_ptr + b * sq0 + hk64 * sq1 + kk * sq2, mask=km, other=0.0).to(ACC)
-    kv = tl.load(k_ptr + b * sk0 + hk64 * sk1 + kk * sk2, mask=km, other=0.0).to(ACC)
-    vval = tl.load(v_ptr + b * sv0 + h64 * sv1 + (v0 + vv) * sv2, mask=vm, other=0.0).to(ACC)
-    beta = tl.load(beta_ptr + b * sb0 + h64 * sb1).to(ACC)
+@triton.jit
+def _tile(st_ptr, slot, h, v0, vv, kk, ss0, ss1, ss2, ss3):
+    """Addresses of the (BV, K) tile of value head h, value rows from v0, in slot `slot` (int64): the slot, head
+    and block offsets in int64, the offsets within the tile in the index type of vv and kk."""
+    return st_ptr + slot * ss0 + h * ss1 + v0.to(tl.int64) * ss2 + vv[:, None] * ss2 + kk[None, :] * ss3
+
+
+@triton.jit
+def _token(s, t, h, hk, v0, kk, vv, km, vm, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, scale_hi, scale_lo,
+           sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
+           PER_KEY: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr):
+    """One step of the recurrence on the (BV, K) tile s (in ACC) by token t (int64): (the new tile, o (BV,))."""
+    qv = tl.load(q_ptr + t * sq0 + hk * sq1 + kk * sq2, mask=km, other=0.0).to(ACC)
+    kv = tl.load(k_ptr + t * sk0 + hk * sk1 + kk * sk2, mask=km, other=0.0).to(ACC)
+    vval = tl.load(v_ptr + t * sv0 + h * sv1 + (v0 + vv) * sv2, mask=vm, other=0.0).to(ACC)
+    beta = tl.load(beta_ptr + t * sb0 + h * sb1).to(ACC)
     if L2NORM:
         qv = qv / tl.sqrt(tl.sum(qv * qv, axis=0) + _EPS)
         kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + _EPS)
@@ -96,20 +105,67 @@ def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_
     qv = qv * scale_hi + qv * scale_lo
 
     if PER_KEY:  # KDA: one decay per key channel, scaling the state's columns
-        gv = tl.load(g_ptr + b * sg0 + h64 * sg1 + kk * sg2, mask=km, other=0.0).to(ACC)
+        gv = tl.load(g_ptr + t * sg0 + h * sg1 + kk * sg2, mask=km, other=0.0).to(ACC)
         s = s * tl.exp(gv)[None, :]
     else:  # GDN: one decay per value head
-        gv = tl.load(g_ptr + b * sg0 + h64 * sg1).to(ACC)
+        gv = tl.load(g_ptr + t * sg0 + h * sg1).to(ACC)
         s = s * tl.exp(gv)
 
     u = beta * (vval - tl.sum(s * kv[None, :], axis=1))  # (BV,)
     s = s + u[:, None] * kv[None, :]
-    o = tl.where(live, tl.sum(s * qv[None, :], axis=1), 0.0)  # a pad row gets o = 0
-    tl.store(o_ptr + b * so0 + h64 * so1 + (v0 + vv) * so2, o.to(o_ptr.dtype.element_ty), mask=vm)
+    return s, tl.sum(s * qv[None, :], axis=1)
+
+
+@triton.jit
+def _delta_rule_update_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, idx_ptr, o_ptr,
+                              HV, HPK, V, K, NV, pad_id, scale_hi, scale_lo,
+                              sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
+                              ss0, ss1, ss2, ss3, so0, so1, so2,
+                              BV: tl.constexpr, BK: tl.constexpr, PER_KEY: tl.constexpr, L2NORM: tl.constexpr,
+                              ACC: tl.constexpr, IDX: tl.constexpr, EVEN_V: tl.constexpr, EVEN_K: tl.constexpr):
+    b, h, hk, v0, kk, vv, km, vm = _program(tl.program_id(0), HV, HPK, V, K, NV, BV, BK, IDX, EVEN_V, EVEN_K)
+    # the row's slot; a pad reads as a zero state and writes nothing
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = (vv * 0 + slot) != pad_id  # as a vector (the interpreter mishandles vector & scalar bools)
+    sptr = _tile(st_ptr, tl.where(slot != pad_id, slot, 0), h, v0, vv, kk, ss0, ss1, ss2, ss3)
+    smask = (vm & live)[:, None] & km[None, :]
+    s = tl.load(sptr, mask=smask, other=0.0).to(ACC)
+    s, o = _token(s, b, h, hk, v0, kk, vv, km, vm, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, scale_hi, scale_lo,
+                  sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1, PER_KEY, L2NORM, ACC)
+    o = tl.where(live, o, 0.0)  # a pad row gets o = 0
+    tl.store(o_ptr + b * so0 + h * so1 + (v0 + vv) * so2, o.to(o_ptr.dtype.element_ty), mask=vm)
     tl.store(sptr, s.to(st_ptr.dtype.element_ty), mask=smask)
 
 
+@triton.jit
+def _delta_rule_update_spec_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr, qsl_ptr, tab_ptr, acc_ptr, o_ptr,
+                                   HV, HPK, V, K, NV, pad_id, scale_hi, scale_lo,
+                                   sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1,
+                                   ss0, ss1, ss2, ss3, so0, so1, so2, st0, st1,
+                                   S: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, PER_KEY: tl.constexpr,
+                                   L2NORM: tl.constexpr, ACC: tl.constexpr, IDX: tl.constexpr,
+                                   EVEN_V: tl.constexpr, EVEN_K: tl.constexpr):
+    # row b's tokens in turn on the tile of its start slot, read once; position j's state stored to its slot j
+    b, h, hk, v0, kk, vv, km, vm = _program(tl.program_id(0), HV, HPK, V, K, NV, BV, BK, IDX, EVEN_V, EVEN_K)
+    start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
+    zero = vv * 0  # masks are built as vectors (the interpreter mishandles vector & scalar bools)
+    tmask = vm[:, None] & km[None, :]
+    s = tl.load(_tile(st_ptr, init, h, v0, vv, kk, ss0, ss1, ss2, ss3),
+                mask=tmask & ((zero + ntok) > 0)[:, None], other=0.0).to(ACC)
+    ooff = h * so1 + (v0 + vv) * so2
+    _zero_padding_row(o_ptr, qsl_ptr, b, start, ntok, ooff, vm, so0)
+    for j in range(0, ntok):
+        t, on, wr, slot = _pos(tab_ptr, b, j, start, ntok, st0, st1, pad_id)
+        s, o = _token(s, t, h, hk, v0, kk, vv, km, vm, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, scale_hi, scale_lo,
+                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sg2, sb0, sb1, PER_KEY, L2NORM, ACC)
+        tl.store(o_ptr + t * so0 + ooff, o.to(o_ptr.dtype.element_ty), mask=vm)
+        wv = (zero + wr.to(tl.int32)) != 0
+        tl.store(_tile(st_ptr, slot, h, v0, vv, kk, ss0, ss1, ss2, ss3), s.to(st_ptr.dtype.element_ty),
+                 mask=tmask & wv[:, None])
+
+
 _VALIDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
+_VALIDATE_SPEC = {"gdn": C.validate_gated_delta_rule_update_spec, "kda": C.validate_kda_update_spec}
 _CONFIG_KEYS = {kind: (f"{kind}_bv", f"{kind}_warps") for kind in ("gdn", "kda")}  # (value rows, warps)
 
 
@@ -120,11 +176,14 @@ def _scale_pair(scale: float) -> tuple[float, float]:
     return hi, scale - hi
 
 
-def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
-    B, Hk, Hv, K, V = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm,
-                                      pad_slot_id, out)
-    o = out if out is not None else torch.empty((B, Hv, V), dtype=v.dtype, device=v.device)
-    if B == 0 or Hv == 0 or V == 0:
+def _launch(kernel, kind, rows, T, dims, q, k, v, g, beta, ssm_states, index, index_strides, scale, use_qk_l2norm,
+            pad_slot_id, out, **extra):
+    """Launch `kernel` (either form) over `rows` rows of T tokens in all; dims = (Hk, Hv, K, V); `index`: the
+    index tensors the kernel takes after the pool, `index_strides` and `extra` what it takes after o's strides
+    and among its constexprs beyond those the forms share. Returns o (T, Hv, V)."""
+    Hk, Hv, K, V = dims
+    o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
+    if T == 0 or Hv == 0 or V == 0:
         return o
     interp = _INTERPRETED
     bv_key, warps_key = _CONFIG_KEYS[kind]
@@ -132,7 +191,7 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     BK = next_power_of_2(K)
     BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[bv_key])
     least = CONFIG["min_programs"]
-    while BV > 8 and B * Hv * ((V + BV - 1) // BV) < least:
+    while BV > 8 and rows * Hv * ((V + BV - 1) // BV) < least:
         BV //= 2
     NV = (V + BV - 1) // BV
     hi, lo = _scale_pair(K ** -0.5 if scale is None else float(scale))
@@ -140,18 +199,34 @@ def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2n
     sg = g.stride()
     sg = sg if len(sg) == 3 else sg + (0,)
     # the largest offset formed in the per-program index type: within one head's (V, K) state tile and along
-    # the q / k / g / v / o vectors (rows, heads and slots are offset in int64; strides are never negative)
+    # the q / k / g / v / o vectors (rows, tokens, heads and slots are offset in int64; strides are never
+    # negative)
     extent = max((V - 1) * ss[2] + (K - 1) * ss[3], (K - 1) * max(sq[2], sk[2], sg[2]), (V - 1) * max(sv[2], so[2]))
     # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
     pool = ssm_states if ssm_states.numel() else v
     with device_guard(v):
-        _delta_rule_update_kernel[(B * Hv * NV,)](
-            q, k, v, g, beta, pool, state_indices, o,
+        kernel[(rows * Hv * NV,)](
+            q, k, v, g, beta, pool, *index, o,
             Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
-            *sq, *sk, *sv, *sg, *sb, *ss, *so,
+            *sq, *sk, *sv, *sg, *sb, *ss, *so, *index_strides,
             BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc, IDX=index_type(extent),
-            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[warps_key])
+            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[warps_key], **extra)
     return o
+
+
+def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
+    B, *dims = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+    return _launch(_delta_rule_update_kernel, kind, B, B, dims, q, k, v, g, beta, ssm_states, (state_indices,), (),
+                   scale, use_qk_l2norm, pad_slot_id, out)
+
+
+def _update_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale,
+                 use_qk_l2norm, pad_slot_id, out):
+    T, Hk, Hv, K, V, Bsz, S = _VALIDATE_SPEC[kind](q, k, v, g, beta, ssm_states, query_start_loc, state_indices,
+                                                   num_accepted_tokens, scale, use_qk_l2norm, pad_slot_id, out)
+    return _launch(_delta_rule_update_spec_kernel, kind, Bsz, T, (Hk, Hv, K, V), q, k, v, g, beta, ssm_states,
+                   (query_start_loc, state_indices, num_accepted_tokens), state_indices.stride(), scale,
+                   use_qk_l2norm, pad_slot_id, out, S=S)
 
 
 @provides("triton", "gated_delta_rule_update")
@@ -166,3 +241,19 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
                pad_slot_id=PAD_SLOT_ID, out=None):
     """One KDA decode step per row (see harness.ops)."""
     return _update("kda", q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+
+
+@provides("triton", "gated_delta_rule_update_spec")
+def gated_delta_rule_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                                 *, scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    """Gated DeltaNet decode steps over each row's speculative tokens (see harness.ops)."""
+    return _update_spec("gdn", q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                        scale, use_qk_l2norm, pad_slot_id, out)
+
+
+@provides("triton", "kda_update_spec")
+def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, *,
+                    scale=None, use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    """KDA decode steps over each row's speculative tokens (see harness.ops)."""
+    return _update_spec("kda", q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                        scale, use_qk_l2norm, pad_slot_id, out)
