@@ -92,3 +92,49 @@ def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype, 
     if sp.pool:
         check.close(f"{sp.name}.{sp.pool}[strided inputs]", pool0, kwargs[sp.pool], op=sp.name, impl=impl,
                     dtype=dtype, shapes=dict(shape, strided=names, layout=layout), seed=0, context=what)
+
+
+def strided_ids(t: torch.Tensor) -> torch.Tensor:
+    """`t` (an integer or bool tensor: offsets, slot ids, flags, a slot table) as a view with its last dim
+    strided twice apart: every element stands twice in the buffer (for a table, every row twice), so a kernel
+    that reads element i at `base + i` gets a neighbour's value, still a valid one (no read leaves the pool or
+    the tokens), and computes something else."""
+    if t.dim() == 1:
+        return t.repeat_interleave(2)[::2]
+    return torch.cat([t, t], dim=-1)[..., :t.shape[-1]] if t.dim() == 2 else t
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_strided_index_tensors_give_the_same_results(impl, device, check, case):
+    """Every op of every implementation gives the same output and final pool when its offsets, slot ids, flags
+    and slot tables are strided views (an engine slices them out of wider metadata: one column of a slot table,
+    every other row of a padded batch) as when they are contiguous."""
+    sp, shape, where = CASES[case]
+    require(impl, sp.name, torch.float32, device)
+    if where == "cpu" and interp_small(device, impl):
+        pytest.skip("the cpu benchmark shape is too long for the Triton interpreter (minutes); the contract "
+                    "shapes cover this implementation there")
+    fn = impl.op(sp.name)
+    kwargs = sp.inputs(shape, torch.float32, device, torch.Generator().manual_seed(0))
+    kwargs.pop("out", None)
+    strided, names = dict(kwargs), []
+    for name in sp.args:
+        t = kwargs.get(name)
+        if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.numel() > 1 and t.dim() in (1, 2):
+            strided[name] = strided_ids(t)
+            names.append(name)
+    if not names:
+        pytest.skip(f"{sp.name}: no index tensor of two or more elements in this case")
+    pool0 = kwargs.get(sp.pool).clone() if sp.pool else None
+    pos, opt = sp.split(kwargs)
+    y = fn(*pos, **opt)
+    if sp.pool:
+        strided[sp.pool] = pool0
+    spos, sopt = sp.split(strided)
+    ys = fn(*spos, **sopt)
+    what = f"index tensors {', '.join(names)} as strided views"
+    check.close(f"{sp.name}.y[strided ids]", ys, y, op=sp.name, impl=impl, dtype=torch.float32,
+                shapes=dict(shape, strided=names), seed=0, context=what)
+    if sp.pool:
+        check.close(f"{sp.name}.{sp.pool}[strided ids]", pool0, kwargs[sp.pool], op=sp.name, impl=impl,
+                    dtype=torch.float32, shapes=dict(shape, strided=names), seed=0, context=what)

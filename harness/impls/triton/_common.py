@@ -300,3 +300,11 @@ def softplus_fast(x, FAST: tl.constexpr):
 def silu_fast(x, FAST: tl.constexpr):
     """x * sigmoid(x) = x / (1 + 2**(-x log2 e)); MUFU-only on CUDA."""
     return x * rcp_fast(1.0 + exp2_fast(-x * 1.4426950408889634, FAST), FAST)
+
+
+def unit_stride(*ids):
+    """The index tensors (offsets, slot ids, flags, slot tables) as the kernels address them: element i of a
+    1-dim one at base + i. A strided view (an engine may slice one column out of a slot table, or every other
+    row out of padded metadata) is copied on the device (no synchronisation: capturable); a contiguous one, what
+    engines pass, is returned as it is."""
+    return tuple(t if t is None or t.is_contiguous() else t.contiguous() for t in ids)

@@ -27,7 +27,7 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
-                                          silu_fast, tl_dtype)
+                                          silu_fast, tl_dtype, unit_stride)
 
 # Launch parameters. Prefill: chunks of bt tokens x bd channels (bd / (32 * warps) channels per thread:
 # 4 = 8-byte bf16 vectors), `stages` chunks in flight; a program walks at most `chunks` chunks, fewer
@@ -284,6 +284,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
                          *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
                                                  has_initial_state, activation, pad_slot_id, out)
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
     y = out if out is not None else torch.empty_like(x)
     if S == 0:
         return y
@@ -322,6 +323,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
                          pad_slot_id=C.PAD_SLOT_ID, out=None):
     Bsz, D, K = C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation,
                                                 pad_slot_id, out)
+    conv_state_indices = unit_stride(conv_state_indices)[0]
     y = out if out is not None else torch.empty_like(x)
     if Bsz == 0:
         return y

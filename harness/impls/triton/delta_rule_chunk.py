@@ -59,7 +59,7 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import cdiv, device_guard, dummy, launch_config, next_power_of_2
+from harness.impls.triton._common import cdiv, device_guard, dummy, launch_config, next_power_of_2, unit_stride
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
 from reference.delta_rule import L2NORM_EPS
 
@@ -540,6 +540,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     T, Hk, Hv, K, V, S = C_.validate_gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc,
                                                               cache_indices, has_initial_state, scale,
                                                               use_qk_l2norm, pad_slot_id, out)
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
     o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
     if S == 0:
         return o

@@ -39,7 +39,7 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (compute_dtype, device_guard, index_type, interpreting, launch_config,
-                                          next_power_of_2)
+                                          next_power_of_2, unit_stride)
 from harness.impls.triton.spec_decode import _pos, _row, _zero_padding_row
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
@@ -216,6 +216,7 @@ def _launch(kernel, kind, rows, T, dims, q, k, v, g, beta, ssm_states, index, in
 
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
     B, *dims = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
+    state_indices = unit_stride(state_indices)[0]
     return _launch(_delta_rule_update_kernel, kind, B, B, dims, q, k, v, g, beta, ssm_states, (state_indices,), (),
                    scale, use_qk_l2norm, pad_slot_id, out)
 
@@ -224,6 +225,8 @@ def _update_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indi
                  use_qk_l2norm, pad_slot_id, out):
     T, Hk, Hv, K, V, Bsz, S = _VALIDATE_SPEC[kind](q, k, v, g, beta, ssm_states, query_start_loc, state_indices,
                                                    num_accepted_tokens, scale, use_qk_l2norm, pad_slot_id, out)
+    query_start_loc, state_indices, num_accepted_tokens = unit_stride(query_start_loc, state_indices,
+                                                                      num_accepted_tokens)
     return _launch(_delta_rule_update_spec_kernel, kind, Bsz, T, (Hk, Hv, K, V), q, k, v, g, beta, ssm_states,
                    (query_start_loc, state_indices, num_accepted_tokens), state_indices.stride(), scale,
                    use_qk_l2norm, pad_slot_id, out, S=S)

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2
+from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2, unit_stride
 from harness.impls.triton.delta_rule_chunk import _chunks_before, _locate, _tile_rows, _unit_lower_inverse
 from harness.impls.triton import delta_rule_chunk as _gdn
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size
@@ -255,6 +255,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     """Kimi Delta Attention over packed sequences (see harness.ops for the contract)."""
     T, _, H, K, V, S = C.validate_kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
                                              has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
     o = out if out is not None else torch.empty((T, H, V), dtype=v.dtype, device=v.device)
     if S == 0 or H == 0:
         return o

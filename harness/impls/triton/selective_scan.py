@@ -43,7 +43,8 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, compute_dtype, device_guard, exp2_fast, index_type,
-                                          interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast)
+                                          interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast,
+                                          unit_stride)
 from reference.validate import fail
 
 # Launch parameters (H200 sweep, `harness bench sweep --op selective_scan_varlen`: best of 36 at D=8192 N=16
@@ -381,6 +382,7 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
     T, Dm, N, G, S = C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states,
                                                       query_start_loc, cache_indices, has_initial_state,
                                                       pad_slot_id, out)
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
     y = out if out is not None else torch.empty_like(u)
     if S == 0:
         return y

@@ -16,7 +16,7 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
-                                          softplus_fast)
+                                          softplus_fast, unit_stride)
 
 # Launch parameters (m2_*: defaults from the H200 sweep, 2026-11-29; m1_*: the offline sm_90 compile's pick, to be
 # confirmed by `harness bench sweep --op selective_state_update`; the device's values in
@@ -274,6 +274,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
                            dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
                                                dt_limit, pad_slot_id, out)
+    state_batch_indices = unit_stride(state_batch_indices)[0]
     y = out if out is not None else torch.empty_like(x)
     if x.shape[0] == 0:
         return y

@@ -24,7 +24,7 @@ import triton.language as tl
 from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2,
-                                          nvidia_fast, softplus_fast)
+                                          nvidia_fast, softplus_fast, unit_stride)
 from harness.impls.triton.conv1d import _acc as _conv_acc, _epilogue, _i64d, _weights
 from harness.impls.triton.selective_state_update import _acc, _clamp, _softplus
 
@@ -248,6 +248,8 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
     layout = C.validate_selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc,
                                                     state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
                                                     out)
+    query_start_loc, state_batch_indices, num_accepted_tokens = unit_stride(query_start_loc, state_batch_indices,
+                                                                            num_accepted_tokens)
     y = out if out is not None else torch.empty_like(x)
     Bsz, S = layout[-2:]
     if x.shape[0] == 0 or Bsz == 0:
@@ -294,6 +296,8 @@ def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, con
     T, D, K, Bsz, S = C.validate_causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc,
                                                            conv_state_indices, num_accepted_tokens, activation,
                                                            pad_slot_id, out)
+    query_start_loc, conv_state_indices, num_accepted_tokens = unit_stride(query_start_loc, conv_state_indices,
+                                                                           num_accepted_tokens)
     y = out if out is not None else torch.empty_like(x)
     if T == 0 or Bsz == 0:
         return y

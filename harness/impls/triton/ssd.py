@@ -29,7 +29,7 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import device_guard, interpreting, launch_config
+from harness.impls.triton._common import device_guard, interpreting, launch_config, unit_stride
 from harness.impls.triton.ssd_bmm import ssd_bmm
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, ssd_chunk_cumsum
 from harness.impls.triton.ssd_chunk_scan import fused_cb_ok, ssd_chunk_scan
@@ -73,6 +73,7 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
     T, H, P, N, G, S = C_.validate_ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states,
                                                query_start_loc, cache_indices, has_initial_state, dt_limit,
                                                pad_slot_id, out)
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
     y = out if out is not None else torch.empty((T, H, P), dtype=x.dtype, device=x.device)
     if S == 0:
         return y
