@@ -66,17 +66,11 @@ CONV_SLOT_LAYOUTS = ("row_major", "channels_last")
 # ============================================================================ tiny models
 
 def tiny_config(family: str, *, d_model: int = 16, n_layer: int = 2, vocab: int = 60, d_state: int | None = None,
-                d_conv: int = 4, chunk_size: int = 8, mixers_only: bool = False) -> ModelConfig:
+                d_conv: int = 4, chunk_size: int = 8) -> ModelConfig:
     """A tiny model config of `family` (vocab padded to a multiple of 8, so padding rows exist); the
-    family's module chooses its own tiny sizes. `mixers_only`: a hybrid family's config with every layer a
-    linear-attention mixer (its ``layer_types`` all "linear_attention"; the engine decodes speculatively only
-    through mixers)."""
-    fam = families.get(family)
-    cfg = fam.tiny_config(d_model=d_model, n_layer=n_layer, vocab=vocab, d_state=d_state, d_conv=d_conv,
-                          chunk_size=chunk_size)
-    if mixers_only and "attention" in fam.layer_kinds(cfg):
-        cfg = cfg.replace(layer_types=("linear_attention",) * cfg.n_layer)
-    return cfg
+    family's module chooses its own tiny sizes."""
+    return families.get(family).tiny_config(d_model=d_model, n_layer=n_layer, vocab=vocab, d_state=d_state,
+                                            d_conv=d_conv, chunk_size=chunk_size)
 
 
 def random_params(cfg: ModelConfig, seed: int) -> dict:
@@ -114,30 +108,30 @@ def random_params(cfg: ModelConfig, seed: int) -> dict:
 
 
 @lru_cache(maxsize=16)
-def tiny_model(family: str, seed: int, mixers_only: bool = False) -> tuple:
-    cfg = tiny_config(family, mixers_only=mixers_only)
+def tiny_model(family: str, seed: int) -> tuple:
+    cfg = tiny_config(family)
     return cfg, random_params(cfg, seed)
 
 
 @lru_cache(maxsize=16)
-def reference_model(family: str, seed: int, mixers_only: bool = False):
+def reference_model(family: str, seed: int):
     from reference.models import ReferenceLM
-    cfg, params = tiny_model(family, seed, mixers_only)
+    cfg, params = tiny_model(family, seed)
     return ReferenceLM(cfg, params, dtype=torch.float64)
 
 
 _REF_CACHE: dict = {}
 
 
-def reference_run(family: str, seed: int, tokens: tuple, mixers_only: bool = False):
+def reference_run(family: str, seed: int, tokens: tuple):
     """Float64 oracle over one request's whole token stream: (logits (L, V), its state named as the engine's
     snapshots name it: ``conv.<j>`` / ``recurrent.<j>`` of the j-th mixer layer and, in hybrid models,
     ``kv.<a>.k`` / ``kv.<a>.v`` of the a-th attention layer)."""
-    key = (family, seed, tokens, mixers_only)
+    key = (family, seed, tokens)
     if key not in _REF_CACHE:
         if len(_REF_CACHE) > 4096:
             _REF_CACHE.clear()
-        ref = reference_model(family, seed, mixers_only)
+        ref = reference_model(family, seed)
         logits, state = ref.prefill([list(tokens)])
         conv = [c[0] for c in state.conv if c is not None]
         ssm = [s[0] for s in state.ssm if s is not None]

@@ -57,6 +57,7 @@ class KVPool:
         self._free = list(range(num_pages))
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
+        self._home: dict[int, int] = {}  # slot -> the slot whose pages it shares (link)
 
     def _pages(self, n: int, shape) -> torch.Tensor:
         return torch.full((n, self.page_size, *shape), float("nan"), dtype=self.dtype, device=self.device)
@@ -69,12 +70,29 @@ class KVPool:
     def num_free_pages(self) -> int:
         return len(self._free)
 
+    def home(self, slot: int) -> int:
+        """The slot whose pages `slot` reads and writes: itself, or the one it is linked to."""
+        return self._home.get(slot, slot)
+
+    def link(self, slot: int, home: int) -> None:
+        """Make `slot` share `home`'s pages (a speculative request's slot group: its state moves from slot to slot
+        of the group, its keys and values stay in the group's first slot). Every call naming `slot` then acts on
+        `home`, until :meth:`unlink`."""
+        if slot == home or self._home.get(home, home) != home:
+            fail("home", f"a slot other than {slot} that is not itself linked", home)
+        if self._tables.get(slot):
+            fail("slot", "a slot without pages of its own", f"slot {slot} with {len(self._tables[slot])} pages")
+        self._home[slot] = home
+
+    def unlink(self, slot: int) -> None:
+        self._home.pop(slot, None)
+
     def length(self, slot: int) -> int:
-        return self._lengths.get(slot, 0)
+        return self._lengths.get(self.home(slot), 0)
 
     def pages(self, slot: int) -> list[int]:
         """The block table of `slot` (page ids in token order)."""
-        return list(self._tables.get(slot, ()))
+        return list(self._tables.get(self.home(slot), ()))
 
     def _grow_to(self, need: int) -> None:
         n = self.num_pages
@@ -88,7 +106,7 @@ class KVPool:
 
     def reserve(self, slot: int, num_tokens: int) -> None:
         """Make `slot`'s block table cover `num_tokens` tokens (pages are added, never removed)."""
-        table = self._tables.setdefault(slot, [])
+        table = self._tables.setdefault(self.home(slot), [])
         need = math.ceil(num_tokens / self.page_size) - len(table)
         if need <= 0:
             return
@@ -99,13 +117,16 @@ class KVPool:
         del self._free[:need]
 
     def set_length(self, slot: int, num_tokens: int) -> None:
+        slot = self.home(slot)
         if num_tokens > len(self._tables.get(slot, ())) * self.page_size:
             fail("num_tokens", f"at most the {len(self._tables.get(slot, ())) * self.page_size} tokens reserved "
                                f"for slot {slot}", num_tokens)
         self._lengths[slot] = num_tokens
 
     def release(self, slot: int) -> None:
-        """Return `slot`'s pages to the free list (their contents are poisoned with NaN)."""
+        """Return `slot`'s pages to the free list (their contents are poisoned with NaN); slots linked to it stay
+        linked."""
+        slot = self.home(slot)
         table = self._tables.pop(slot, [])
         self._lengths.pop(slot, None)
         if table:
@@ -117,6 +138,7 @@ class KVPool:
 
     def _rows(self, slot: int, start: int, end: int):
         """(page ids, offsets) of positions [start, end) of `slot`."""
+        slot = self.home(slot)
         pos = torch.arange(start, end)
         table = torch.tensor(self._tables.get(slot, []), dtype=torch.long)
         if end > len(table) * self.page_size:
@@ -135,13 +157,15 @@ class KVPool:
         return self.k[layer][pages, offs], self.v[layer][pages, offs]
 
     def copy(self, src: int, dst: int) -> None:
+        if self.home(src) == self.home(dst):
+            return
         n = self.length(src)
         self.release(dst)
         self.reserve(dst, n)
         for a in range(self.num_layers):
             k, v = self.read(a, src, n)
             self.write(a, dst, 0, k, v)
-        self._lengths[dst] = n
+        self._lengths[self.home(dst)] = n
 
 
 class HybridPool(StatePool):
@@ -169,13 +193,27 @@ class HybridPool(StatePool):
         except Exception:
             return repr(key)
 
+    def alloc_group(self, n: int, *, zero: bool = False) -> list[int]:
+        """As StatePool's; the group's keys and values live in its first slot (the others are linked to it: a
+        speculative request's state moves within its group, its attention history does not)."""
+        slots = super().alloc_group(n, zero=zero)
+        for s in slots[1:]:
+            self.kv.link(s, slots[0])
+        return slots
+
     def free(self, slot) -> None:
         super().free(slot)
-        self.kv.release(self._slot_id("slot", slot))
+        slot = self._slot_id("slot", slot)
+        if self.kv.home(slot) != slot:
+            self.kv.unlink(slot)
+        else:
+            self.kv.release(slot)
 
     def zero_(self, slot) -> None:
         super().zero_(slot)
-        self.kv.release(self._slot_id("slot", slot))
+        slot = self._slot_id("slot", slot)
+        if self.kv.home(slot) == slot:  # a linked slot's zeroing leaves its group's keys and values
+            self.kv.release(slot)
 
     def copy_slot(self, src: int, dst: int) -> None:
         super().copy_slot(src, dst)

@@ -281,17 +281,10 @@ class EngineRunner:
     def _check_spec(cfg, impl, proposer) -> None:
         """num_spec > 0: the family's mixer has a speculative decode path, the implementation its ops, and
         a proposer is given."""
-        from reference import families as ref_families
         ops = spec_mod.spec_ops(engine_families.get(cfg.family, "cfg.family").mixer)
-        kinds = ref_families.get(cfg.family, "cfg.family").layer_kinds(cfg)
         if not ops:
             raise NotImplementedError(f"speculative decoding: the {cfg.family} family's engine mixer has no "
                                       f"speculative decode path")
-        if "attention" in kinds:
-            layers = [i for i, k in enumerate(kinds) if k == "attention"]
-            raise NotImplementedError(f"speculative decoding: full-attention layers (here layers {layers}) have no "
-                                      f"multi-token decode path in the engine; a {cfg.family} model of linear-attention "
-                                      f"layers only can decode speculatively")
         lacking = [o for o in ops if o not in impl.ops]
         if lacking:
             fail("impl", f"an implementation providing {list(ops)} (speculative decoding)",
@@ -458,6 +451,8 @@ class EngineRunner:
                 res.num_cached = e.start
             res.steps.append((self.step_count, e.start, e.num_tokens, e.is_decode))
             if e.is_spec:
+                if kv is not None:  # the keys and values of the accepted positions count, the rest is rewritten
+                    kv.set_length(e.slot, e.start + len(emitted[i]))
                 self._spec_snapshots(e, emitted[i], res)
                 continue
             for pos in md.snapshot_positions[i]:

@@ -21,10 +21,11 @@ Proposers (anything with ``propose(request_id, tokens, num_drafts) -> sequence o
 Families: a family's engine mixer runs speculative decode rows if its class names the ops it uses for them
 (``SPEC_OPS``): Mamba-1, Falcon-Mamba and Mamba-2 (:class:`SpecDecodeMixin`: ``causal_conv1d_update_spec``,
 ``selective_state_update_spec``), Gated DeltaNet and KDA (:class:`SpecConvMixin` and the families' delta step:
-``causal_conv1d_update_spec``, ``gated_delta_rule_update_spec`` / ``kda_update_spec``). Full-attention layers
-have no multi-token decode path (their KV pages are keyed by the request's slot, which moves within its slot
-group from step to step): the runner refuses ``num_spec`` > 0 for a model with attention layers with
-NotImplementedError.
+``causal_conv1d_update_spec``, ``gated_delta_rule_update_spec`` / ``kda_update_spec``). The hybrids'
+full-attention layers run a decode row's tokens like a prefill chunk (causal within the row); their keys and
+values stay in the slot group's first slot (``HybridPool.alloc_group`` links the others to it, as the state
+moves within the group), and after verification the request's KV length is cut back to the accepted positions
+(the rejected drafts' keys and values are overwritten by the next step).
 """
 from __future__ import annotations
 

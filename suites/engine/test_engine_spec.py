@@ -1,8 +1,9 @@
 """Speculative decoding through the engine (harness.engine.spec): draft tokens, greedy verification and
 rollback through the slot table give exactly plain greedy decoding.
 
-The property: a scenario (tiny model of a family with speculative decode ops -- the hybrids' with linear-attention
-layers only, as the engine decodes speculatively only through mixers -- requests in waves, chunked
+The property: a scenario (tiny model of a family with speculative decode ops -- Gated DeltaNet's and KDA's are
+hybrids, their full-attention layers' keys and values paged in the slot group's first slot -- requests in waves,
+chunked
 prefill, prefix cache in mode align or all, decode padding, both pool layouts) run with plain decoding and
 run again with k draft tokens per step (random drafts, or the plain run's tokens proposed with probability p,
 so that acceptance ranges over 0..k) gives the same tokens, the same logits and the same states: the final
@@ -88,7 +89,7 @@ def run_both(case: SpecCase, make_runner):
     (the proposer knowing the plain run's tokens). Returns (plain results, spec results, plain runner,
     spec runner)."""
     scen = case.scenario
-    model = tiny_model(scen.family, scen.model_seed, True)
+    model = tiny_model(scen.family, scen.model_seed)
     vocab = model[0].vocab_size_unpadded
 
     def waves(runner, extra):
@@ -167,7 +168,7 @@ def prop_spec_matches_plain(case: SpecCase, make_runner, check=None, tol: Tolera
                 _close(f"speculative decoding snapshot {k}", snap[k], p.states[len(prefix)][k], tol, where, check,
                        make_runner)
         else:  # a prefill chunk end of the speculative run only: the oracle's state
-            _, ref = reference_run(scen.family, scen.model_seed, tuple(prefix), True)
+            _, ref = reference_run(scen.family, scen.model_seed, tuple(prefix))
             check_state("speculative decoding snapshot", snap, ref, make_runner.state_tol, where, check, make_runner)
     if case.follow and scen.cache_mode == "all" and spec["follow"].num_cached != plain["follow"].num_cached:
         raise Mismatch(f"speculative decoding: the follow-up request was seeded with {spec['follow'].num_cached} "
@@ -488,16 +489,10 @@ def test_metadata_of_a_speculative_step():
 
 
 def test_runner_refuses_what_it_cannot_run():
-    """A hybrid model (full-attention layers have no multi-token decode path): NotImplementedError naming the
-    attention layers; an
+    """An
     implementation without the speculative ops, a missing proposer, a proposer without speculative decoding,
     and a proposer's out-of-vocabulary draft are ValueErrors."""
     from harness.impls import registry
-    for fam in ("gdn", "kda"):
-        with pytest.raises(NotImplementedError, match=r"^speculative decoding: full-attention layers \(here "
-                                                      r"layers \[1\]\) have no multi-token decode path"):
-            EngineRunner(tiny_model(fam, 0), "reference", num_spec=2, proposer=NoDrafts())
-        EngineRunner(tiny_model(fam, 0, True), "reference", num_spec=2, proposer=NoDrafts())
     model = tiny_model("mamba2", 0)
     ref = registry.get("reference")
     lacking = dataclasses.replace(ref, name="plain-only", ops={k: v for k, v in ref.ops.items() if k not in SPEC_OPS})
