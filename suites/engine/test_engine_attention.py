@@ -67,6 +67,33 @@ def test_engine_hybrid_pool_snapshots():
     assert pool.kv.length(b) == 0 and pool.kv.pages(b) == []
 
 
+def test_engine_hybrid_pool_slot_groups_share_their_keys_and_values():
+    """A slot group (speculative decoding) keeps its keys and values in its first slot: every other slot of the
+    group reads, writes, reserves and snapshots the first one's pages; zeroing or restoring the group's state
+    keeps the links; freeing the group unlinks and releases, and a freed slot starts without pages."""
+    spec = GDNSpec(num_k_heads=1, num_v_heads=1, head_k_dim=4, head_v_dim=4, conv_kernel=3,
+                   conv_dtype=torch.float64, recurrent_dtype=torch.float64)
+    pool = HybridPool(spec, 1, 4, kv_spec=KV, num_attention_layers=1, page_size=4, dtype=torch.float64)
+    group = pool.alloc_group(3, zero=True)
+    home, other = group[0], group[2]
+    k, v = torch.randn(5, 2, 4, dtype=torch.float64), torch.randn(5, 2, 3, dtype=torch.float64)
+    pool.kv.reserve(other, 5)
+    pool.kv.write(0, other, 0, k, v)
+    pool.kv.set_length(group[1], 5)
+    assert pool.kv.pages(home) == pool.kv.pages(other) != [] and pool.kv.length(home) == 5
+    assert torch.equal(pool.kv.read(0, home, 5)[0], k)
+    snap = pool.snapshot(other, num_tokens=3)
+    assert torch.equal(snap["kv.0.v"], v[:3])
+    pool.zero_(other)
+    pool.restore(home, snap)
+    assert pool.kv.home(other) == home and pool.kv.length(other) == 3
+    with pytest.raises(ValueError, match=r"^home: expected a slot other than"):
+        pool.kv.link(home, other)
+    pool.free_group(group)
+    lone = pool.alloc()
+    assert all(pool.kv.home(s) == s for s in group) and pool.kv.pages(lone) == [] and pool.kv.length(lone) == 0
+
+
 def test_engine_paged_attention_matches_plain_attention():
     """Paged attention over a mixed step (a prefill continuing from 5 cached tokens, a fresh prefill, a
     decode row, a pad row) equals plain causal attention per request over its whole history, grouped
