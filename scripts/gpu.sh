@@ -352,7 +352,7 @@ step_peers() {
   replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
 
-SWEEP_ALL=selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec
+SWEEP_ALL=selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec,gated_delta_rule_update_spec,kda_update_spec
 # sweep_one OPS OUT: harness bench sweep of OPS (comma-separated), timings to OUT
 sweep_one() {
   timeout "$(limit ${SWEEP_S:-1800})" python3 -m harness.cli bench sweep --device cuda --device-name "$DEVICE" \

@@ -162,6 +162,14 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                                                       _grid(kda_bv=(8, 16, 32, 64), kda_warps=(1, 2, 4, 8)))),
         SweepGroup("small_batch", "delta_rule_update", _grid(min_programs=(0, 256, 1024, 2048)),
                    applies=lambda shape: shape["B"] * shape["H"] < 512)],
+    "gated_delta_rule_update_spec": [
+        SweepGroup("gdn_spec", "delta_rule_update", _first(_rows(("gdn_spec_bv", "gdn_spec_warps"), _UPDATE_NOSPILL),
+                                                           _grid(gdn_spec_bv=(8, 16, 32, 64),
+                                                                 gdn_spec_warps=(1, 2, 4, 8))))],
+    "kda_update_spec": [
+        SweepGroup("kda_spec", "delta_rule_update", _first(_rows(("kda_spec_bv", "kda_spec_warps"), _UPDATE_NOSPILL),
+                                                           _grid(kda_spec_bv=(8, 16, 32, 64),
+                                                                 kda_spec_warps=(1, 2, 4, 8))))],
     "ssd_varlen": [
         # whole-pipeline variants (end-to-end: the stage-by-stage figures time chunk_scan on its CB-reading path)
         SweepGroup("variants", "ssd", [

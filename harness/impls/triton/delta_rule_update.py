@@ -50,7 +50,8 @@ from reference.delta_rule import L2NORM_EPS
 # configs/<device>/delta_rule_update.json (`harness bench sweep --op gated_delta_rule_update` / `kda_update`).
 # The sweeps try first the (bv, warps) pairs with <= 64 state values a thread.
 CONFIG = launch_config("delta_rule_update", {"gdn_bv": 32, "gdn_warps": 1, "kda_bv": 32, "kda_warps": 1,
-                                              "min_programs": 512})
+                                              "gdn_spec_bv": 32, "gdn_spec_warps": 1, "kda_spec_bv": 32,
+                                              "kda_spec_warps": 1, "min_programs": 512})
 
 # Triton decides at import whether its kernels are interpreted; reading the environment once keeps it off the
 # per-call path (decode at batch 1 is bound by the host's time per call)
@@ -166,7 +167,10 @@ def _delta_rule_update_spec_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, st_ptr,
 
 _VALIDATE = {"gdn": C.validate_gated_delta_rule_update, "kda": C.validate_kda_update}
 _VALIDATE_SPEC = {"gdn": C.validate_gated_delta_rule_update_spec, "kda": C.validate_kda_update_spec}
-_CONFIG_KEYS = {kind: (f"{kind}_bv", f"{kind}_warps") for kind in ("gdn", "kda")}  # (value rows, warps)
+# (value rows, warps) per kind and form: the multi-token form ("_spec") has its own (it holds a token's vectors
+# beside the tile across a loop: more registers at the same value block)
+_CONFIG_KEYS = {(kind, form): (f"{kind}{form}_bv", f"{kind}{form}_warps") for kind in ("gdn", "kda")
+                for form in ("", "_spec")}
 
 
 @functools.lru_cache(maxsize=64)
@@ -186,7 +190,7 @@ def _launch(kernel, kind, rows, T, dims, q, k, v, g, beta, ssm_states, index, in
     if T == 0 or Hv == 0 or V == 0:
         return o
     interp = _INTERPRETED
-    bv_key, warps_key = _CONFIG_KEYS[kind]
+    bv_key, warps_key = _CONFIG_KEYS[kind, "_spec" if "S" in extra else ""]
     acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
     BK = next_power_of_2(K)
     BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[bv_key])
