@@ -11,6 +11,9 @@ cannot be captured. Inside no_index_checks() the adapters' decode ops handle pad
   reference.delta_rule, behaving like the peer's kernel towards its slot indices), run inside
   no_index_checks() with every host read of a tensor raising: live outputs and slots equal the host-list
   result (and the same call outside no_index_checks()), pads and unnamed slots bitwise unchanged;
+* the same for the speculative GDN / KDA wrappers (vLLM's GDN and KDA, SGLang's GDN verify, fla's KDA), on
+  slot tables with pad positions, rows without tokens, padding rows and a row that writes the slot it
+  started from, against the float64 reference;
 * the conv and Mamba state updates of vLLM and SGLang reach their (stand-in) kernel with no host read.
 
 The stand-ins stand for device kernels, so they may read indices on the host. No peer package is needed.
@@ -333,6 +336,184 @@ def test_decode_wrapper_reads_nothing_on_the_host(monkeypatch, guard, device, pe
     assert_untouched(before, pool2, named, name=f"{peer} {op} pool (host path)")
 
 
+# ------------------------------------------------------------------------------ GDN / KDA speculative decode
+
+def _spec_rows(cu_seqlens, num_accepted_tokens):
+    cu, acc = cu_seqlens.tolist(), num_accepted_tokens.tolist()
+    return [(b, cu[b], cu[b + 1], acc[b]) for b in range(len(cu) - 1)]
+
+
+def _vllm_spec_peer(kind, guard):
+    """vLLM's recurrent kernels in their speculative form (batch 1, cu_seqlens, the pool as initial_state): per
+    row with tokens, the start slot ssm_state_indices[b, num_accepted_tokens[b] - 1]; a row whose start index is
+    <= 0 is skipped (outputs left unwritten, NaN here; KDA zeroes its first token's), otherwise the state after
+    token j is stored into ssm_state_indices[b, j] when that index is > 0. The table is read without a column
+    stride (kimi_k3's launcher asserts stride(1) == 1)."""
+    def fn(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True, cu_seqlens=None,
+           ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False, **_):
+        assert inplace_final_state and ssm_state_indices.dim() == 2 and ssm_state_indices.stride(1) == 1
+        assert cu_seqlens.is_contiguous() and num_accepted_tokens.is_contiguous()
+        with guard.kernel():
+            o = torch.full(v.shape, float("nan"), dtype=q.dtype, device=q.device)
+            idx = ssm_state_indices.tolist()
+            for b, bos, eos, a in _spec_rows(cu_seqlens, num_accepted_tokens):
+                if eos == bos:
+                    continue
+                if idx[b][a - 1] <= 0:
+                    if kind == "kda":
+                        o[0, bos] = 0
+                    continue
+                h = initial_state[idx[b][a - 1]][None].clone()
+                for j, t in enumerate(range(bos, eos)):
+                    r = slice(t, t + 1)
+                    ot, h = _step(kind, q[0, r], k[0, r], v[0, r], g[0, r], beta[0, r], h, scale,
+                                  use_qk_l2norm_in_kernel)
+                    o[0, t] = ot[0].to(o.dtype)
+                    if idx[b][j] > 0:
+                        initial_state[idx[b][j]] = h[0].to(initial_state.dtype)
+        return o, initial_state
+    return fn
+
+
+def _sglang_spec_peer(guard):
+    """SGLang's fused_recurrent_gated_delta_rule_update in its target-verify form: every row from
+    initial_state_source[initial_state_indices[b]] (zeros for a negative index), the state after token j
+    recorded in intermediate_states_buffer[intermediate_state_indices[b], j] (none for a negative index), the
+    source not written (disable_state_update)."""
+    def fn(q, k, v, g, beta, scale=None, initial_state_source=None, initial_state_indices=None, cu_seqlens=None,
+           use_qk_l2norm_in_kernel=False, disable_state_update=False, intermediate_states_buffer=None,
+           intermediate_state_indices=None, cache_steps=None, **_):
+        buf = intermediate_states_buffer
+        assert disable_state_update and buf.is_contiguous() and cache_steps == buf.shape[1]
+        with guard.kernel():
+            o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+            src, idx = initial_state_source, initial_state_indices.tolist()
+            cache = intermediate_state_indices.tolist()
+            for b, bos, eos, _a in _spec_rows(cu_seqlens, torch.zeros(len(idx), dtype=torch.int32)):
+                h = (src[idx[b]].float() if idx[b] >= 0 else torch.zeros(src.shape[1:]))[None].to(q.device)
+                for j, t in enumerate(range(bos, eos)):
+                    r = slice(t, t + 1)
+                    ot, h = _step("gdn", q[0, r], k[0, r], v[0, r], g[0, r], beta[0, r], h, scale,
+                                  use_qk_l2norm_in_kernel)
+                    o[0, t] = ot[0].to(o.dtype)
+                    if cache[b] >= 0:
+                        buf[cache[b], j] = h[0].to(buf.dtype)
+        return o
+    return fn
+
+
+def _fla_spec_peer(guard):
+    """fla's fused_recurrent_kda_fwd in its speculative form (inplace_final_state, state_v_first): per row with
+    tokens, the start slot ssm_state_indices[b, num_accepted_tokens[b] - 1] and the state after token j stored
+    into ssm_state_indices[b, j], with no pad test (every index must be a slot of initial_state)."""
+    def fn(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=False, state_v_first=False,
+           cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False, **_):
+        assert inplace_final_state and state_v_first and ssm_state_indices.dim() == 2
+        with guard.kernel():
+            o = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+            idx, n = ssm_state_indices.tolist(), initial_state.shape[0]
+            for b, bos, eos, a in _spec_rows(cu_seqlens, num_accepted_tokens):
+                if eos == bos:
+                    continue
+                assert all(0 <= s < n for s in idx[b]), f"fla's kernel reads and writes every index: {idx[b]}"
+                h = initial_state[idx[b][a - 1]][None].clone()
+                for j, t in enumerate(range(bos, eos)):
+                    r = slice(t, t + 1)
+                    ot, h = _step("kda", q[0, r], k[0, r], v[0, r], g[0, r], beta[0, r], h, scale,
+                                  use_qk_l2norm_in_kernel)
+                    o[0, t] = ot[0].to(o.dtype)
+                    initial_state[idx[b][j]] = h[0].to(initial_state.dtype)
+        return o, initial_state
+    return fn
+
+
+def _patch_spec_peers(monkeypatch, guard):
+    monkeypatch.setattr(fla_adapter, "import_peer",
+                        lambda name: types.SimpleNamespace(fused_recurrent_kda_fwd=_fla_spec_peer(guard)))
+    vllm_ns = types.SimpleNamespace(fused_recurrent_gated_delta_rule=_vllm_spec_peer("gdn", guard),
+                                    fused_recurrent_kda_fwd=_vllm_spec_peer("kda", guard))
+    monkeypatch.setattr(vllm_adapter, "import_peer", lambda name: vllm_ns)
+    sg_ns = types.SimpleNamespace(fused_recurrent_gated_delta_rule_update=_sglang_spec_peer(guard))
+    monkeypatch.setattr(sglang_adapter, "import_peer", lambda name: sg_ns)
+    monkeypatch.setattr(sglang_adapter, "_on_gpu", lambda t, what: None)
+
+
+SPEC_CASES = [  # (slot table, row lengths, num_accepted_tokens, num_slots); pad -1; vLLM's slot ids > 0
+    ([[3, 1, 5], [7, -1, 4], [2, 6, 8]], [3, 2, 0], [2, 1, 3], 10),  # a pad position, a row without tokens
+    ([[4, 3, 2, 1]], [1], [4], 5),  # one token from the last position
+    ([[1, 2]], [2], [2], 4),  # position 1 writes the slot the row started from
+    ([[2, -1, 3], [5, 6, 7]], [3, 2], [2, 3], 8),  # row 0 padding (start slot = pad id) with tokens
+    ([[-1, 2, 3], [4, -1, 5]], [2, 3], [1, 2], 6),  # padding rows only
+]
+SPEC_PEERS = [("vllm", "gated_delta_rule_update_spec"), ("vllm", "kda_update_spec"),
+              ("sglang", "gated_delta_rule_update_spec"), ("fla", "kda_update_spec")]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "page_major"])
+@pytest.mark.parametrize("table,lens,accepted,num_slots", SPEC_CASES, ids=lambda c: str(c).replace(" ", ""))
+@pytest.mark.parametrize("peer,op", SPEC_PEERS)
+def test_spec_decode_wrapper_reads_nothing_on_the_host(monkeypatch, guard, device, peer, op, table, lens, accepted,
+                                                        num_slots, layout):
+    """Inside no_index_checks() the speculative GDN / KDA wrapper runs with every host read raising, its peer
+    kernel a stand-in that reads the slot table as the peer's kernel does: the live rows' outputs and the slots
+    of their written positions equal the float64 reference and the call outside no_index_checks(); every other
+    slot keeps its bits (a NaN-poisoned one included). fla's pad outputs are zero (its adapter masks them)."""
+    _patch_spec_peers(monkeypatch, guard)
+    sp = SPECS[op]
+    kind = "kda" if op.startswith("kda") else "gdn"
+    fn = getattr(ADAPTERS[peer], op)
+    Hk, Hv, K, V = (2, 4, 4, 3) if kind == "gdn" else (2, 2, 4, 3)
+    T = sum(lens)
+    q, k, v, g, beta = activations(kind, 0, T, Hk, Hv, K, V, torch.float32, device)
+    pool = make_pool(num_slots, (Hv, V, K), torch.float32, device, layout=layout, seed=1)
+    named = {s for row in table for s in row}
+    pool[[s for s in range(num_slots) if s not in named][-1]] = float("nan")
+    before = pool.clone()
+    i32 = dict(dtype=torch.int32, device=device)
+    qsl = torch.tensor([0] + [sum(lens[:b + 1]) for b in range(len(lens))], **i32)
+    idx, acc = torch.tensor(table, **i32), torch.tensor(accepted, **i32)
+    args = (q, k, v, g, beta)
+    ref_pool = before.clone()
+    y_ref = sp.reference(torch.float64, *args, ref_pool, qsl, idx, acc, use_qk_l2norm=True)
+
+    with guard.armed():
+        o = fn(*args, pool, qsl, idx, acc, use_qk_l2norm=True)
+    live = [b for b in range(len(lens)) if lens[b] and table[b][accepted[b] - 1] != PAD_SLOT_ID]
+    live_tok = [t for b in live for t in range(int(qsl[b]), int(qsl[b + 1]))]
+    written = [table[b][j] for b in live for j in range(lens[b]) if table[b][j] != PAD_SLOT_ID]
+    torch.testing.assert_close(o.cpu().double()[live_tok], y_ref.cpu().double()[live_tok], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pool.cpu().double()[written], ref_pool.cpu().double()[written], rtol=1e-5,
+                               atol=1e-6)
+    assert_untouched(before, pool, written, name=f"{peer} {op} pool")
+    pad_tok = [t for t in range(T) if t not in live_tok]
+    if peer == "fla":
+        assert bool((o[pad_tok] == 0).all()), f"{peer} {op}: pad rows' tokens should be zero, got {o[pad_tok]}"
+
+    pool2 = before.clone()
+    o2 = fn(*args, pool2, qsl, idx, acc, use_qk_l2norm=True)  # outside no_index_checks(): host reads allowed
+    torch.testing.assert_close(o2.cpu()[live_tok], o.cpu()[live_tok], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(pool2[written], pool[written], rtol=1e-6, atol=1e-7)
+    assert_untouched(before, pool2, written, name=f"{peer} {op} pool (host path)")
+    if not live:
+        assert not bool(o2.any()), f"{peer} {op}: a step without a live row gives zeros (no kernel runs)"
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule_update_spec", "kda_update_spec"])
+def test_vllm_spec_table_reaches_the_kernel_with_unit_column_stride(monkeypatch, guard, device, op):
+    """vLLM's recurrent kernels read the slot table at b * stride(0) + j: a table whose columns are strided
+    (here a transposed view) reaches the kernel as a copy with stride(1) == 1 and the same ids."""
+    _patch_spec_peers(monkeypatch, guard)
+    sp = SPECS[op]
+    kw = sp.inputs(dict(sp.shapes["contract"][0]), torch.float32, device, torch.Generator().manual_seed(0))
+    kw["state_indices"] = kw["state_indices"].t().contiguous().t()
+    assert kw["state_indices"].stride(1) != 1
+    ref = {a: (t.clone() if isinstance(t, torch.Tensor) else t) for a, t in kw.items()}
+    y = sp.call(vllm_adapter.OPS[op], kw)
+    y_ref = sp.call(lambda *a, **o: sp.reference(torch.float64, *a, **o), ref)
+    torch.testing.assert_close(y.double(), y_ref.double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kw["ssm_states"].double(), ref["ssm_states"].double(), rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------ conv and Mamba decode
 
 def _recorder(calls, guard):
@@ -400,6 +581,16 @@ def test_benchmark_decode_slots_are_not_vllm_null_block(op):
     assert int(idx.min()) >= 1
 
 
+@pytest.mark.parametrize("op", ["gated_delta_rule_update_spec", "kda_update_spec"])
+def test_benchmark_spec_slots_are_not_vllm_null_block(op):
+    """The same for the speculative GDN / KDA steps: the benchmark's slot tables name slots 1.. only."""
+    from harness.ops import _spec_decode as layouts
+    for where in ("cpu", "gpu", "aot"):
+        for shape in SPECS[op].shapes.get(where, []):
+            table = layouts.layout(shape, "cpu")["state_indices"]
+            assert int(table.min()) >= 1, f"{op} {where} shape {shape}: slot ids {table.tolist()}"
+
+
 # ------------------------------------------------------------------------------ CUDA graph, real kernels
 
 DECODE_OPS = ["gated_delta_rule_update", "kda_update", "causal_conv1d_update", "selective_state_update"]
@@ -459,5 +650,74 @@ def test_peer_decode_captures_in_cuda_graph(device, peer, op, shape):
         live = [b for b, s in enumerate(slots) if s != PAD_SLOT_ID]
         named = [s for s in slots if s != PAD_SLOT_ID]
         torch.testing.assert_close(y_g[live], y_e[live], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pool_g[named], pool_e[named], rtol=1e-5, atol=1e-6)
+        assert_untouched(pool0, pool_g, named, name=f"{peer} {op} pool (graph)")
+
+
+SPEC_CAPTURE_OPS = ["gated_delta_rule_update_spec", "kda_update_spec"]
+
+
+@pytest.mark.parametrize("op", SPEC_CAPTURE_OPS)
+@pytest.mark.parametrize("peer", ["fla", "vllm", "sglang"])
+def test_peer_spec_decode_captures_in_cuda_graph(device, peer, op):
+    """With the real kernels (CUDA): the speculative GDN / KDA step captured in a CUDA graph inside
+    no_index_checks() and replayed for two slot tables and accepted counts (a padding row and a pad position
+    in the second; slot ids > 0, vLLM's null block being 0) gives the eager call's live outputs and pool."""
+    if not device.startswith("cuda"):
+        pytest.skip("needs a CUDA device (CUDA-graph capture of the peers' Triton kernels)")
+    from harness.impls.registry import get
+    impl = get(peer)
+    why = impl.why_unavailable(device)
+    if why:
+        pytest.skip(why)
+    if op not in impl.ops:
+        pytest.skip(f"{peer} does not provide {op}")
+    fn = impl.ops[op]
+    sp = SPECS[op]
+    kw = sp.inputs(dict(sp.shapes["cpu"][0]), torch.float32, device, torch.Generator().manual_seed(0))
+    table0, acc0 = kw["state_indices"].clone(), kw["num_accepted_tokens"].clone()
+    Bsz, S = table0.shape
+    num_slots = kw[sp.pool].shape[0]
+    g = torch.Generator().manual_seed(1)
+    table1 = (torch.randperm(num_slots - 1, generator=g)[:Bsz * S] + 1).reshape(Bsz, S).to(table0)
+    table1[1] = PAD_SLOT_ID  # a padding row
+    table1[3, S - 1] = PAD_SLOT_ID  # a position whose state is not kept
+    acc1 = torch.randint(1, S + 1, (Bsz,), generator=g).to(acc0)
+    acc1[3] = 1
+    qsl = kw["query_start_loc"].tolist()
+    pool0 = kw[sp.pool].clone()
+    table, acc = table0.clone(), acc0.clone()
+
+    def call(pool, t, a):
+        args = dict(kw, **{sp.pool: pool, "state_indices": t, "num_accepted_tokens": a})
+        return fn(*[args[x] for x in sp.args], **{k: args[k] for k in sp.options if k in args})
+
+    try:
+        call(pool0.clone(), table.clone(), acc.clone())  # eager, index checks on (compiles the kernels)
+    except NotImplementedError as e:
+        pytest.skip(f"{peer} declines the case: {e}")
+    pool_g = pool0.clone()
+    with no_index_checks():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call(pool0.clone(), table, acc)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_g = call(pool_g, table, acc)
+    for t, a in ((table0, acc0), (table1, acc1)):
+        table.copy_(t)
+        acc.copy_(a)
+        pool_g.copy_(pool0)
+        graph.replay()
+        pool_e = pool0.clone()
+        y_e = call(pool_e, t.clone(), a.clone())
+        torch.cuda.synchronize()
+        tl, al = t.tolist(), a.tolist()
+        live = [b for b in range(Bsz) if tl[b][al[b] - 1] != PAD_SLOT_ID]
+        tok = [i for b in live for i in range(qsl[b], qsl[b + 1])]
+        named = [tl[b][j] for b in live for j in range(qsl[b + 1] - qsl[b]) if tl[b][j] != PAD_SLOT_ID]
+        torch.testing.assert_close(y_g[tok], y_e[tok], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(pool_g[named], pool_e[named], rtol=1e-5, atol=1e-6)
         assert_untouched(pool0, pool_g, named, name=f"{peer} {op} pool (graph)")

@@ -7,7 +7,7 @@
   document the bug, and turn into failures once it is fixed), and the batches the adapter must keep from
   the kernels: empty sequences next to non-empty ones in the chunked GDN / KDA prefill (SGLang's chunk
   tables misnumber the sequences after one), prefills of empty sequences only, decode batches of no rows
-  or pads only.
+  or pads only, speculative steps without a live row.
 
 Skipped where sglang is not importable (CI): `python scripts/peers_fetch.py sglang` and
 `PYTHONPATH=$PWD/.peers/src`.
@@ -28,8 +28,10 @@ OPS = {"causal_conv1d_varlen": adapter.causal_conv1d_varlen, "causal_conv1d_upda
        "selective_state_update": adapter.selective_state_update,
        "selective_state_update_spec": adapter.selective_state_update_spec, "ssd_varlen": adapter.ssd_varlen,
        "gated_rms_norm": adapter.gated_rms_norm, "gated_delta_rule_varlen": adapter.gated_delta_rule_varlen,
-       "gated_delta_rule_update": adapter.gated_delta_rule_update, "kda_varlen": adapter.kda_varlen,
+       "gated_delta_rule_update": adapter.gated_delta_rule_update,
+       "gated_delta_rule_update_spec": adapter.gated_delta_rule_update_spec, "kda_varlen": adapter.kda_varlen,
        "kda_update": adapter.kda_update}
+OUT_LIKE = {"gated_delta_rule_update_spec": "v"}  # the input a speculative op's output is shaped like (else x)
 
 
 def _case(op, device="cpu", dtype=torch.float32, **shape):
@@ -161,6 +163,23 @@ def test_mamba_update_with_empty_batch(op):
     before = kw[sp.pool].clone()
     y = _call(op, sp, kw)
     assert y.shape[0] == 0
+    assert torch.equal(kw[sp.pool], before)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d_update_spec", "selective_state_update_spec",
+                                "gated_delta_rule_update_spec"])
+@pytest.mark.parametrize("lens,accepted", [([0, 0], [1, 3]), ([2, 3], [2, 1])], ids=["no_tokens", "padding_rows"])
+def test_spec_batch_without_live_row(op, lens, accepted):
+    """A speculative step whose rows are all empty or padding (start slot = pad id) reaches no kernel: zero
+    output, every slot unchanged."""
+    device = _cuda()
+    sp, kw = _case(op, device=device, lens=lens, accepted=accepted)
+    for b, n in enumerate(lens):
+        if n:
+            kw[sp.index][b, accepted[b] - 1] = -1
+    before = kw[sp.pool].clone()
+    y = _call(op, sp, kw)
+    assert y.shape == kw[OUT_LIKE.get(op, "x")].shape and not bool(y.any())
     assert torch.equal(kw[sp.pool], before)
 
 

@@ -5,11 +5,13 @@ must keep from vLLM's kernels, which never see such batches in vLLM itself.
   table (`prepare_chunk_indices`, vLLM's copy of fla) gives every chunk after an empty sequence the wrong
   sequence, so the adapter runs the live non-empty sequences only. The table itself is checked on the CPU
   (xfail, strict: the finding in docs/findings.md).
-* Speculative decode (`causal_conv1d_update_spec`, `selective_state_update_spec`): bad input and declined
-  cases fail before any kernel or slot write, steps without a live row run no kernel (CPU); and vLLM's own
-  conv layout for speculative steps -- one slot per request, K - 1 + num_spec columns wide, slid over from
-  step to step -- holds the same windows and gives the same outputs as the adapter on our per-position
-  slots over two steps (CUDA).
+* Speculative decode (`causal_conv1d_update_spec`, `selective_state_update_spec`,
+  `gated_delta_rule_update_spec`, `kda_update_spec`): bad input and declined cases fail before any kernel or
+  slot write (for GDN / KDA: a live row that starts from or writes slot 0, the recurrent kernels' null
+  block, and a pad id > 0), a slot 0 that the kernels would not read or write is not declined, steps
+  without a live row run no kernel (CPU); and vLLM's own conv layout for speculative steps -- one slot per
+  request, K - 1 + num_spec columns wide, slid over from step to step -- holds the same windows and gives
+  the same outputs as the adapter on our per-position slots over two steps (CUDA).
 * Decode batches with no live row (no rows at all, or pads only) and prefills of empty sequences only: no
   kernel runs (an empty batch fails fused_recurrent_kda_fwd's stride asserts); the output is empty or zero
   and no slot changes, except that an empty live request without an initial state gets zeros. These reach
@@ -18,6 +20,8 @@ must keep from vLLM's kernels, which never see such batches in vLLM itself.
 Skipped where vllm is not importable (CI): `python scripts/peers_fetch.py vllm` and
 `PYTHONPATH=$PWD/.peers/src`.
 """
+import types
+
 import pytest
 import torch
 
@@ -120,7 +124,10 @@ def test_prefill_of_empty_sequences_only(device, op):
 
 # ---- speculative decode --------------------------------------------------------------------------------------
 
-SPEC_OPS = ("causal_conv1d_update_spec", "selective_state_update_spec")
+SPEC_OPS = ("causal_conv1d_update_spec", "selective_state_update_spec", "gated_delta_rule_update_spec",
+            "kda_update_spec")
+DELTA_SPEC_OPS = ("gated_delta_rule_update_spec", "kda_update_spec")
+OUT_LIKE = {"gated_delta_rule_update_spec": "v", "kda_update_spec": "v"}  # the input the output is shaped like
 
 
 def _spec_kernels(device):
@@ -170,6 +177,54 @@ def test_spec_declines_name_the_limit(op, shape, options, reason):
     assert torch.equal(kw[sp.pool], before)
 
 
+@pytest.mark.parametrize("op", DELTA_SPEC_OPS)
+@pytest.mark.parametrize("what,row,col,options", [
+    ("start slot 0", 0, 0, {}),  # row 0 accepts 1 token: it starts from table[0, 0]
+    ("a token's slot 0", 1, 2, {}),  # row 1 has 3 tokens: position 2 is written
+    ("pad id > 0", None, None, dict(pad_slot_id=99)),
+], ids=["start_slot0", "written_slot0", "positive_pad"])
+def test_spec_delta_null_block_declines(monkeypatch, op, what, row, col, options):
+    """The recurrent kernels skip every slot index <= 0 (vLLM's null block): a live row that starts from slot 0
+    or writes a position into slot 0, and a pad id > 0, decline (NotImplementedError naming vllm and the null
+    block) before any kernel runs or any slot is written. Runs on the CPU."""
+    def unreachable(name):
+        raise AssertionError(f"the peer ({name}) was reached")
+    monkeypatch.setattr(adapter, "import_peer", unreachable)
+    sp, kw = _case(op, "cpu", accepted=[1, 2])
+    if row is not None:
+        kw[sp.index][row, col] = 0
+    kw.update(options)
+    before = kw[sp.pool].clone()
+    with pytest.raises(NotImplementedError, match=r"^vllm .*null block"):
+        _call(sp, kw)
+    assert torch.equal(kw[sp.pool], before)
+
+
+class _Reached(Exception):
+    pass
+
+
+@pytest.mark.parametrize("op", DELTA_SPEC_OPS)
+@pytest.mark.parametrize("lens,accepted,padding_row", [([3, 1], [1, 2], False), ([3, 2], [1, 3], True)],
+                         ids=["past_the_row", "padding_row"])
+def test_spec_delta_slot0_the_kernel_never_touches_is_not_declined(monkeypatch, op, lens, accepted, padding_row):
+    """Slot 0 at a position past the row's tokens (row 1, position 2 of 1 token), or in a padding row (row 1
+    with its start slot the pad id), is neither read nor written by the step: the call reaches the kernel (a
+    stand-in here). Runs on the CPU."""
+    def reached(*a, **kw):
+        raise _Reached
+    ns = types.SimpleNamespace(fused_recurrent_gated_delta_rule=reached, fused_recurrent_kda_fwd=reached)
+    monkeypatch.setattr(adapter, "import_peer", lambda name: ns)
+    sp, kw = _case(op, "cpu", lens=lens, accepted=accepted)
+    if padding_row:
+        kw[sp.index][1, accepted[1] - 1] = -1
+        kw[sp.index][1, 0] = 0
+    else:
+        kw[sp.index][1, 2] = 0
+    with pytest.raises(_Reached):
+        _call(sp, kw)
+
+
 @pytest.mark.parametrize("op", SPEC_OPS)
 @pytest.mark.parametrize("lens,accepted", [([0, 0], [1, 3]), ([2, 3], [2, 1]), ([0, 3], [1, 2])],
                          ids=["no_tokens", "padding_rows", "empty_and_padding"])
@@ -182,7 +237,7 @@ def test_spec_batch_without_live_row_runs_no_kernel(op, lens, accepted):
             kw[sp.index][b, accepted[b] - 1] = -1
     before = kw[sp.pool].clone()
     y = _call(sp, kw)
-    assert y.shape == kw["x"].shape and not bool(y.any())
+    assert y.shape == kw[OUT_LIKE.get(op, "x")].shape and not bool(y.any())
     assert torch.equal(kw[sp.pool], before)
 
 

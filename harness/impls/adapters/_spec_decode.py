@@ -8,6 +8,7 @@ stay capturable inside `harness.ops.no_index_checks()`.
 * `written(table, lens, live, pad_slot_id)`: (Bsz, S) mask of the positions whose state the step writes.
 * `dense_tokens(t, query_start_loc, S)` / `packed(y, query_start_loc, T)`: packed tokens as (Bsz, S, ...)
   rows (positions past a row's tokens repeat some other token: their results are dropped) and back.
+* `mask_tokens(y, query_start_loc, live)`: the packed tokens of rows that are not live set to zero.
 * `scatter_positions(pool, table, mask, states)`: pool[table[b, j]] = states[b, j] where mask[b, j].
 * `idle(indices_arg...)`: whether a call has nothing for a kernel to do.
 """
@@ -47,12 +48,23 @@ def dense_tokens(t, query_start_loc, S: int):
     return t[token_index(query_start_loc, S, t.shape[0])]
 
 
+def token_rows(query_start_loc, T: int):
+    """(T,) int64: the row of each packed token."""
+    q = query_start_loc.to(torch.int64)
+    return torch.searchsorted(q[1:], torch.arange(T, device=q.device), right=True)
+
+
 def packed(y, query_start_loc, T: int):
     """(Bsz, S, ...) row outputs back to the packed (T, ...) tokens."""
     q = query_start_loc.to(torch.int64)
-    tok = torch.arange(T, device=q.device)
-    row = torch.searchsorted(q[1:], tok, right=True)
-    return y[row, tok - q[row]]
+    row = token_rows(query_start_loc, T)
+    return y[row, torch.arange(T, device=q.device) - q[row]]
+
+
+def mask_tokens(y, query_start_loc, live):
+    """`y` (T, ...) with the tokens of the rows where `live` (Bsz,) is False set to zero (on the device)."""
+    keep = live[token_rows(query_start_loc, y.shape[0])]
+    return torch.where(keep.reshape((-1,) + (1,) * (y.dim() - 1)), y, 0)
 
 
 def scatter_positions(pool, table, mask, states):

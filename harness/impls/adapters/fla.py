@@ -5,21 +5,37 @@ Impl `fla` (CUDA):
 * gated_delta_rule_update <- fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule
 * kda_varlen              <- fla.ops.kda.chunk_kda
 * kda_update              <- fla.ops.kda.fused_recurrent_kda
-fla takes the packed batch as batch 1 with `cu_seqlens` (int64) and one initial state per sequence;
-`state_v_first=True` gives our value-major (V, K) state (its default is (K, V)). The adapter gathers the
-named slots (zeros where a request has no initial state), runs only the live non-empty sequences, and
-writes their final states back; an empty live sequence keeps its initial state (zeros without one), as
-the contract says. Decode rows run as a batch of one-token sequences, every row (a pad row from a zero
-state): the states are gathered from and written back to the pool on the device and pad outputs are zeroed
-by a mask, with no host read of the indices, so a decode call can be captured in a CUDA graph (outside
-`harness.ops.no_index_checks()` a batch without live rows launches nothing). The prefill reads the sequence
-lengths on the host. Every op validates with harness.ops first, so bad input fails as for our kernels.
+* kda_update_spec         <- fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd in its speculative form
+  (taken from vLLM's decode kernel): cu_seqlens, a 2-D ssm_state_indices, num_accepted_tokens,
+  inplace_final_state=True, state_v_first=True. Per row it reads slot indices[b, num_accepted_tokens[b] - 1]
+  and stores the state after token j into indices[b, j]; it has no pad or null-block test (every index is
+  read or written as a slot), so the adapter runs it on a scratch pool of Bsz * (num_spec + 1) fp32 slots
+  (row b's at b * (num_spec + 1) + j; its start state, gathered from the pool, at position
+  num_accepted_tokens[b] - 1; zeros for a row that is not live) and writes the written positions back into
+  table[b, j]; the outputs of rows that are not live are zeroed. The public fused_recurrent_kda does not
+  forward these arguments (it takes **kwargs and drops them).
+Not provided: gated_delta_rule_update_spec: fla's GDN recurrence (fused_recurrent_gated_delta_rule_fwd) takes
+one initial state per sequence and returns one final state: no state per position, no slot indices, no
+num_accepted_tokens.
+Prefill and one-token decode: fla takes the packed batch as batch 1 with `cu_seqlens` (int64) and one
+initial state per sequence; `state_v_first=True` gives our value-major (V, K) state (its default is (K, V)).
+The adapter gathers the named slots (zeros where a request has no initial state), runs only the live
+non-empty sequences, and writes their final states back; an empty live sequence keeps its initial state
+(zeros without one), as the contract says. Decode rows run as a batch of one-token sequences, every row (a
+pad row from a zero state): the states are gathered from and written back to the pool on the device and pad
+outputs are zeroed by a mask, with no host read of the indices, so a decode call (the speculative one too)
+can be captured in a CUDA graph (outside `harness.ops.no_index_checks()` a batch without live rows launches
+nothing). The prefill reads the sequence lengths on the host. Every op validates with harness.ops first, so
+bad input fails as for our kernels.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from harness import ops as C
+from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows,
                                     require_kda_gate_floor, scatter_slots, unavailable_reason)
 from harness.impls.adapters._source import PeerWheels
@@ -30,6 +46,7 @@ SOURCE = PeerWheels(("fla-core==0.6.0", "einops==0.8.2"))
 
 _GDN = "fla.ops.gated_delta_rule"
 _KDA = "fla.ops.kda"
+_KDA_REC = "fla.ops.kda.fused_recurrent"
 
 
 def _gather(pool, slots, use):
@@ -124,10 +141,43 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
                    q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
 
 
+def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, *,
+                    scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """fused_recurrent_kda_fwd's speculative form on a scratch pool: row b's slots are scratch rows
+    b * S .. b * S + S - 1 (S = num_spec + 1), its start state (gathered from the pool; zeros for a row that is
+    not live) at position num_accepted_tokens[b] - 1; after the kernel, position j's state goes to
+    table[b, j] for the live rows' T_b positions. No host read: every row runs (a row that is not live from
+    zeros, its outputs masked to zero)."""
+    T, H, _, K, V, Bsz, S = C.validate_kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc,
+                                                       state_indices, num_accepted_tokens, scale=scale,
+                                                       use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id,
+                                                       out=out)
+    y = out if out is not None else torch.empty((T, H, V), dtype=v.dtype, device=v.device)
+    if SD.idle(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, ssm_states, T):
+        return y.zero_()
+    lens, start, live = SD.rows(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id)
+    dev = q.device
+    scratch = torch.zeros((Bsz, S, H, V, K), dtype=torch.float32, device=dev)
+    scratch[torch.arange(Bsz, device=dev), num_accepted_tokens.to(torch.int64) - 1] = \
+        gather_slots(ssm_states, start, live, torch.float32)
+    table = torch.arange(Bsz * S, dtype=torch.int32, device=dev).reshape(Bsz, S)
+    with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+        o, _ = import_peer(_KDA_REC).fused_recurrent_kda_fwd(
+            q.contiguous()[None], k.contiguous()[None], v.contiguous()[None], g.contiguous()[None],
+            beta.contiguous()[None], scale=scale, initial_state=scratch.view(Bsz * S, H, V, K),
+            inplace_final_state=True, state_v_first=True, cu_seqlens=query_start_loc.contiguous(),
+            ssm_state_indices=table, num_accepted_tokens=num_accepted_tokens.contiguous(),
+            use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    y.copy_(SD.mask_tokens(o[0], query_start_loc, live))
+    SD.scatter_positions(ssm_states, state_indices, SD.written(state_indices, lens, live, pad_slot_id), scratch)
+    return y
+
+
 register(Impl(name="fla", devices=("cuda",),
               ops={"gated_delta_rule_varlen": gated_delta_rule_varlen,
                    "gated_delta_rule_update": gated_delta_rule_update,
-                   "kda_varlen": kda_varlen, "kda_update": kda_update},
+                   "kda_varlen": kda_varlen, "kda_update": kda_update, "kda_update_spec": kda_update_spec},
               dtypes=(torch.float32, torch.float16, torch.bfloat16), fp32_matmul="tf32",
-              unavailable=lambda: unavailable_reason("fla-core", _GDN, _KDA),
-              description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA"))
+              unavailable=lambda: unavailable_reason("fla-core", _GDN, _KDA, _KDA_REC),
+              description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA (prefill, decode; "
+                          "KDA's speculative decode)"))

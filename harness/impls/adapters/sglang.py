@@ -59,7 +59,25 @@ offers it alone for a CPU run):
   strided pool would be copied and its update lost). Not supported: scale <= 0.
 * kda_update             <- fla.kda.fused_recurrent_kda on states gathered from the pool (every row; zeros
   for pads), written back for the live rows; pad outputs are zeroed.
-Decode ops (conv update, Mamba state update and their speculative forms, GDN / KDA update) read nothing on the
+* gated_delta_rule_update_spec <- the same fused_recurrent_gated_delta_rule_update in SGLang's target-verify
+  form (the GDN backend's TritonGDNKernel.target_verify passes these arguments to the fused-gate variant,
+  kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py): cu_seqlens = query_start_loc,
+  disable_state_update=True, `intermediate_states_buffer` (Bsz, num_spec + 1, H, V, K) in the pool's dtype
+  with cache_steps = num_spec + 1 and intermediate_state_indices = the row (-1 for a row that is not live),
+  retrieve_parent_token None (a chain of drafts). The kernel starts each row from initial_state_indices
+  (here the row's start slot table[b, num_accepted_tokens[b] - 1], -1 for a row that is not live: zeros,
+  nothing stored) and records the state after each of its tokens; the adapter writes the state after position
+  j of each live row into table[b, j] for its T_b positions, on the device (SGLang's accept step copies the
+  accepted one into the request's slot instead). A strided pool is read through a scratch copy of the start
+  slots. Padding rows' outputs are computed from a zero state, as for the one-token op. Same limits as
+  gated_delta_rule_update (scale > 0, no float64).
+* Not provided: kda_update_spec. SGLang's KDA verify (srt/layers/attention/linear/kernels/kda_triton.py,
+  TritonKDAKernel.target_verify) runs fused_sigmoid_gating_delta_rule_update with is_kda=True, which computes
+  the decay (-exp(A_log) * softplus(a + dt_bias), or the lower-bound form) and beta (sigmoid(b)) inside the
+  kernel: the contract's g and beta reach it only through inverted activations, not exactly. The plain-gate
+  fla.kda.fused_recurrent_kda (kda_update's kernel) stores one final state per sequence: no state per
+  position and no start-slot index.
+Decode ops (conv update, Mamba state update, GDN / KDA update and the speculative forms) read nothing on the
 host inside
 `harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: pads go to the kernels as
 negative indices or, through a scratch copy, are gathered and scattered on the device
@@ -517,6 +535,45 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     return y.copy_(mask_rows(o[:, 0], live))
 
 
+def gated_delta_rule_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                                 *, scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """SGLang's GDN target verify (chain drafts, retrieve_parent_token None) with the plain g / beta kernel:
+    fused_recurrent_gated_delta_rule_update on the packed rows (cu_seqlens = query_start_loc) with
+    disable_state_update=True and `intermediate_states_buffer` (one line of cache_steps = num_spec + 1 states
+    per row, intermediate_state_indices = the row, -1 for a row that is not live), which receives the state
+    after each token of the row; the start state is read through initial_state_indices. Here that index is
+    each row's start slot table[b, num_accepted_tokens[b] - 1] (-1 for a row that is not live: the kernel
+    starts it from zeros and stores nothing), on the pool itself when it is contiguous, else on a scratch
+    copy of the start slots (the input guard would copy a strided pool); the state after position j of each
+    live row goes to table[b, j] for its T_b positions (SGLang's accept step copies the accepted one into the
+    request's slot instead)."""
+    T, _, Hv, K, V, Bsz, S = C.validate_gated_delta_rule_update_spec(
+        q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale=scale,
+        use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    who = "fused_recurrent_gated_delta_rule_update"
+    _on_gpu(q, who)
+    if scale is not None and not scale > 0:
+        raise NotImplementedError(f"sglang {who}: scale must be positive")
+    if q.dtype == torch.float64:
+        raise NotImplementedError(f"sglang {who}: no float64")
+    if SD.idle(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, ssm_states, T):
+        return _idle(v.shape, v, out)
+    lens, start, live = SD.rows(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id)
+    rows = torch.arange(Bsz, dtype=torch.int32, device=q.device)
+    if _in_place_ok(ssm_states, "gdn"):
+        src, sidx = ssm_states, torch.where(live, start, -1).to(torch.int32)
+    else:
+        src, sidx = gather_slots(ssm_states, start, live), torch.where(live, rows, -1)
+    states = torch.empty((Bsz, S, Hv, V, K), dtype=ssm_states.dtype, device=q.device)
+    o = import_peer(_REC).fused_recurrent_gated_delta_rule_update(
+        q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state_source=src,
+        initial_state_indices=sidx, cu_seqlens=query_start_loc, use_qk_l2norm_in_kernel=bool(use_qk_l2norm),
+        disable_state_update=True, intermediate_states_buffer=states,
+        intermediate_state_indices=torch.where(live, rows, -1), cache_steps=S)
+    SD.scatter_positions(ssm_states, state_indices, SD.written(state_indices, lens, live, pad_slot_id), states)
+    return _emit(o[0].to(v.dtype), out)
+
+
 # ---- Mamba-1 prefill ---------------------------------------------------------------------------------------
 
 def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
@@ -555,14 +612,15 @@ OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": cau
        "causal_conv1d_update_spec": causal_conv1d_update_spec, "selective_state_update": selective_state_update,
        "selective_state_update_spec": selective_state_update_spec, "ssd_varlen": ssd_varlen,
        "gated_rms_norm": gated_rms_norm, "gated_delta_rule_varlen": gated_delta_rule_varlen,
-       "gated_delta_rule_update": gated_delta_rule_update, "kda_varlen": kda_varlen, "kda_update": kda_update,
-       "selective_scan_varlen": selective_scan_varlen}
+       "gated_delta_rule_update": gated_delta_rule_update,
+       "gated_delta_rule_update_spec": gated_delta_rule_update_spec, "kda_varlen": kda_varlen,
+       "kda_update": kda_update, "selective_scan_varlen": selective_scan_varlen}
 
 register(Impl(name="sglang", devices=("cuda",), ops=OPS,
               dtypes=(torch.float32, torch.float16, torch.bfloat16), fp32_matmul="tf32",
               unavailable=lambda: unavailable_reason("sglang", *MODULES),
-              description="SGLang 0.5.23 Triton kernels (causal conv, SSU and their speculative-verify forms, SSD, "
-                          "gated norm, GDN, KDA) and its PyTorch Mamba-1 prefill loop"))
+              description="SGLang 0.5.23 Triton kernels (causal conv, SSU, GDN decode and their speculative-verify "
+                          "forms, SSD, gated norm, GDN prefill, KDA) and its PyTorch Mamba-1 prefill loop"))
 
 # SGLang's Mamba-1 prefill alone, which is PyTorch and runs anywhere: not registered (the `sglang` Impl has it
 # on CUDA); for the CPU run of its op suite:

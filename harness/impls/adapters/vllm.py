@@ -53,12 +53,25 @@ behind our stubs (`_vllm_stubs`); where vllm itself is installed, the same modul
   with in 0.33.0; log-decay gates, no fused gate).
 * kda_update <- the same package's fused_recurrent_kda_fwd (use_gate_in_kernel=False), q/k/v as views of
   one packed buffer as vLLM passes them.
-The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a live request on slot 0 is
-declined (NotImplementedError); pads (index -1) are skipped by the kernels themselves, and their output rows
-are left as the kernels leave them: the contract wants them 0, so a kernel that leaves them unwritten fails
-the suites' pad-row check (the kernel's behaviour, reported as such). The SSD has no pad ids: pad requests are
-computed with the others and their tokens' y set to 0 here.
-Decode ops (conv update, Mamba state update and their speculative forms, GDN / KDA update) read nothing on the
+* gated_delta_rule_update_spec <- fused_recurrent_gated_delta_rule in vLLM's speculative form (as OLMo's GDN
+  mixer calls it; Qwen3-Next's runs the fused-gate fused_sigmoid_gating_delta_rule_update with the same
+  index arguments): cu_seqlens = query_start_loc, ssm_state_indices = our (Bsz, num_spec + 1) slot table,
+  num_accepted_tokens as given, the pool in place. Per row the kernel reads slot
+  table[b, num_accepted_tokens[b] - 1] before anything of the row is stored and stores the state after token
+  j into table[b, j] unless that index is <= 0 (every position's state, as our contract). It reads the table
+  at b * stride(0) + j (no column stride): a table with stride(1) != 1 is passed as a contiguous copy.
+* kda_update_spec <- kimi_k3's fused_recurrent_kda_fwd in the same speculative form (2-D ssm_state_indices
+  with stride(1) == 1, num_accepted_tokens; Kimi-K3's speculative path reaches it through fused_recurrent_kda
+  with these index arguments and the gate activation fused), q/k/v packed as for kda_update. A row whose
+  start index is <= 0 gets a zero output for its first token only.
+The recurrent GDN/KDA kernels treat every slot index <= 0 as the null block: a live request on slot 0 (in
+the speculative forms: a live row that starts from slot 0 or has a token whose slot is 0) is declined
+(NotImplementedError), as is a pad id > 0; pads (index -1) are skipped by the kernels themselves, and their
+output rows are left as the kernels leave them: the contract wants them 0, so a kernel that leaves them
+unwritten fails the suites' pad-row check (the kernel's behaviour, reported as such). vLLM's own speculative
+batches pad with rows of no tokens (null-block slots, num_accepted_tokens 1), which no kernel program runs.
+The SSD has no pad ids: pad requests are computed with the others and their tokens' y set to 0 here.
+Decode ops (conv update, Mamba state update, GDN / KDA update and their speculative forms) read nothing on the
 host inside `harness.ops.no_index_checks()`, so they can be captured in a CUDA graph: the pool and the slot
 ids go to the kernels as they are (the speculative conv's wide slots are built and written back with index
 tensors of static shape, `harness.impls.adapters._spec_decode`), and the host-side declines that need the
@@ -450,6 +463,20 @@ def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scal
     return _emit(o[0], out)
 
 
+def _packed_qkv(q, k, v):
+    """q, k, v (n, H, K / V) as views (1, n, H, ...) of one packed projection, one token stride for all three,
+    as vLLM passes them to the KDA kernels."""
+    n, H, K = q.shape
+    V = v.shape[2]
+    W = 2 * H * K + H * V
+    qkv = torch.cat([q.reshape(n, H * K), k.reshape(n, H * K), v.reshape(n, H * V)], dim=1)
+    # explicit strides: a view would give a size-1 token dim its own stride (kimi_k3's launcher asserts that
+    # q, k and v share stride(1), also for one token)
+    return (qkv.as_strided((1, n, H, K), (n * W, W, K, 1), qkv.storage_offset()),
+            qkv.as_strided((1, n, H, K), (n * W, W, K, 1), qkv.storage_offset() + H * K),
+            qkv.as_strided((1, n, H, V), (n * W, W, V, 1), qkv.storage_offset() + 2 * H * K))
+
+
 def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
                pad_slot_id=C.PAD_SLOT_ID, out=None):
     Bsz, H, _, K, V = C.validate_kda_update(q, k, v, g, beta, ssm_states, state_indices, scale=scale,
@@ -460,15 +487,81 @@ def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_q
     # (B = 0 would also fail its stride asserts on the packed views)
     if no_live_rows(state_indices, pad_slot_id, ssm_states):
         return _idle(v, out)
-    # vLLM passes q, k, v as views of one packed projection (one token stride for all three)
-    qkv = torch.cat([q.reshape(Bsz, H * K), k.reshape(Bsz, H * K), v.reshape(Bsz, H * V)], dim=1)
-    qv = qkv[:, :H * K].view(1, Bsz, H, K)
-    kv = qkv[:, H * K:2 * H * K].view(1, Bsz, H, K)
-    vv = qkv[:, 2 * H * K:].view(1, Bsz, H, V)
+    qv, kv, vv = _packed_qkv(q, k, v)
     cu = torch.arange(Bsz + 1, dtype=torch.int32, device=q.device)
     o, _ = import_peer(_KDA_OPS).fused_recurrent_kda_fwd(
         qv, kv, vv, g.contiguous()[None], beta.contiguous()[None], scale=scale, initial_state=ssm_states,
         inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=state_indices,
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm), use_gate_in_kernel=False)
+    return _emit(o[0], out)
+
+
+def _spec_table(table):
+    """The slot table as the recurrent kernels read it: row b at b * stride(0), position j at + j (they take no
+    column stride; kimi_k3's KDA launcher asserts stride(1) == 1)."""
+    return table if table.stride(1) == 1 else table.clone(memory_format=torch.contiguous_format)
+
+
+def _decline_spec_slot0(query_start_loc, table, num_accepted_tokens, pad_slot_id, who):
+    """The speculative form skips a row whose start slot is <= 0 (the null block) and does not store a
+    position whose slot is <= 0. Where the host may read the indices a live row that starts from slot 0, or
+    has a token whose slot is 0, is declined; inside `no_index_checks()` it is not looked for (live slot ids
+    must be > 0 there)."""
+    if pad_slot_id > 0:
+        raise NotImplementedError(f"vllm {who}: pads must be slot ids <= 0 (its null block), got {pad_slot_id}")
+    if not host_reads_ok():
+        return
+    lens, start, live = SD.rows(query_start_loc, table, num_accepted_tokens, pad_slot_id)
+    written = SD.written(table, lens, live, pad_slot_id)
+    if bool((live & (start == 0)).any()) or bool((written & (table == 0)).any()):
+        raise NotImplementedError(f"vllm {who}: slot index <= 0 is its null block (a live row reads or writes "
+                                  "slot 0)")
+
+
+def gated_delta_rule_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                                 *, scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """fused_recurrent_gated_delta_rule in vLLM's speculative form (OLMo's GDN mixer): the packed rows as
+    batch 1 with cu_seqlens = query_start_loc, the pool as initial_state with inplace_final_state=True,
+    ssm_state_indices = our (Bsz, num_spec + 1) slot table, num_accepted_tokens as given. Per row the kernel
+    reads slot table[b, num_accepted_tokens[b] - 1] and stores the state after token j into table[b, j]
+    unless that index is <= 0; a row whose start index is <= 0 returns at once (its outputs unwritten)."""
+    C.validate_gated_delta_rule_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices,
+                                            num_accepted_tokens, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                            pad_slot_id=pad_slot_id, out=out)
+    who = "fused_recurrent_gated_delta_rule"
+    _decline_spec_slot0(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, who)
+    _check_pool(ssm_states, who)
+    if scale is not None and scale <= 0:
+        raise NotImplementedError(f"vllm {who}: scale > 0 only (it asserts), got {scale}")
+    if SD.idle(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, ssm_states, q.shape[0]):
+        return _idle(v, out)
+    o, _ = import_peer(_GDN_REC).fused_recurrent_gated_delta_rule(
+        q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=ssm_states,
+        inplace_final_state=True, cu_seqlens=query_start_loc.contiguous(),
+        ssm_state_indices=_spec_table(state_indices), num_accepted_tokens=num_accepted_tokens.contiguous(),
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm))
+    return _emit(o[0], out)
+
+
+def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, *,
+                    scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    """kimi_k3's fused_recurrent_kda_fwd in its speculative form (Kimi-K3's verify step): as the one-token op
+    (q, k, v as views of one packed buffer, use_gate_in_kernel=False, the pool in place) with cu_seqlens =
+    query_start_loc, ssm_state_indices = our slot table (stride(1) == 1, asserted) and num_accepted_tokens.
+    Start slot and stores as in gated_delta_rule_update_spec; a row whose start index is <= 0 gets a zero
+    output for its first token only (its later tokens' outputs are left unwritten)."""
+    C.validate_kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                               scale=scale, use_qk_l2norm=use_qk_l2norm, pad_slot_id=pad_slot_id, out=out)
+    who = "fused_recurrent_kda"
+    _decline_spec_slot0(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, who)
+    _check_pool(ssm_states, who)
+    if SD.idle(query_start_loc, state_indices, num_accepted_tokens, pad_slot_id, ssm_states, q.shape[0]):
+        return _idle(v, out)
+    qv, kv, vv = _packed_qkv(q, k, v)
+    o, _ = import_peer(_KDA_OPS).fused_recurrent_kda_fwd(
+        qv, kv, vv, g.contiguous()[None], beta.contiguous()[None], scale=scale, initial_state=ssm_states,
+        inplace_final_state=True, cu_seqlens=query_start_loc.contiguous(),
+        ssm_state_indices=_spec_table(state_indices), num_accepted_tokens=num_accepted_tokens.contiguous(),
         use_qk_l2norm_in_kernel=bool(use_qk_l2norm), use_gate_in_kernel=False)
     return _emit(o[0], out)
 
@@ -486,7 +579,8 @@ INTERPRETER_LIMITS = {
     "gated_delta_rule_varlen": "vLLM's fla copy calls tl.exp / tl.log through module aliases, which the "
                                "interpreter does not patch ('Did you forget to add @triton.jit ?')",
     "gated_delta_rule_update": "the same tl.exp aliases", "kda_varlen": "the same tl.exp aliases",
-    "kda_update": "the same tl.exp aliases",
+    "kda_update": "the same tl.exp aliases", "gated_delta_rule_update_spec": "the same tl.exp aliases",
+    "kda_update_spec": "the same tl.exp aliases",
 }
 
 OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update,
@@ -494,7 +588,8 @@ OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": cau
        "selective_state_update_spec": selective_state_update_spec, "ssd_varlen": ssd_varlen,
        "gated_rms_norm": gated_rms_norm,
        "gated_delta_rule_varlen": gated_delta_rule_varlen, "gated_delta_rule_update": gated_delta_rule_update,
-       "kda_varlen": kda_varlen, "kda_update": kda_update}
+       "gated_delta_rule_update_spec": gated_delta_rule_update_spec, "kda_varlen": kda_varlen,
+       "kda_update": kda_update, "kda_update_spec": kda_update_spec}
 
 
 def _unavailable():
@@ -508,6 +603,6 @@ register(Impl(name="vllm", devices=("cuda", "cpu"),
               ops={k: f for k, f in OPS.items() if not (interpreting() and k in INTERPRETER_LIMITS)},
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32", unavailable=_unavailable,
-              description="vLLM 0.33.0 Triton kernels (conv, Mamba state update and their speculative forms, "
-                          "chunked SSD, gated RMSNorm, GDN, KDA); cpu via TRITON_INTERPRET=1: fp32 ssd_varlen and "
-                          "gated_rms_norm only"))
+              description="vLLM 0.33.0 Triton kernels (conv, Mamba state update, GDN / KDA decode and their "
+                          "speculative forms, chunked SSD, gated RMSNorm, GDN / KDA prefill); cpu via "
+                          "TRITON_INTERPRET=1: fp32 ssd_varlen and gated_rms_norm only"))
