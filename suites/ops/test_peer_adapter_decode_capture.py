@@ -599,12 +599,8 @@ _INDEX_ARG = {"gated_delta_rule_update": "state_indices", "kda_update": "state_i
 _CAPTURE_SLOTS = ([1, -1, 3, 4, -1, 6, 7, 8], [-1, 2, 5, -1, 8, 1, -1, 3])  # B = 8, pool slots 0..8; > 0 (vLLM)
 
 
-@pytest.mark.parametrize("op,shape", [(op, sh) for op in DECODE_OPS for sh in SPECS[op].shapes["cpu"]],
-                         ids=lambda v: v if isinstance(v, str) else "_".join(f"{k}{x}" for k, x in v.items()))
-@pytest.mark.parametrize("peer", ["fla", "vllm", "sglang"])
-def test_peer_decode_captures_in_cuda_graph(device, peer, op, shape):
-    """With the real kernels (CUDA): the decode op captured in a CUDA graph inside no_index_checks() and
-    replayed for two batches of slot ids (pads included) gives the eager call's live outputs and pool."""
+def _capturable(device, peer, op):
+    """(the peer's op, its spec) for a CUDA-graph capture test; skips without CUDA, the peer or the op."""
     if not device.startswith("cuda"):
         pytest.skip("needs a CUDA device (CUDA-graph capture of the peers' Triton kernels)")
     from harness.impls.registry import get
@@ -614,8 +610,16 @@ def test_peer_decode_captures_in_cuda_graph(device, peer, op, shape):
         pytest.skip(why)
     if op not in impl.ops:
         pytest.skip(f"{peer} does not provide {op}")
-    fn = impl.ops[op]
-    sp = SPECS[op]
+    return impl.ops[op], SPECS[op]
+
+
+@pytest.mark.parametrize("op,shape", [(op, sh) for op in DECODE_OPS for sh in SPECS[op].shapes["cpu"]],
+                         ids=lambda v: v if isinstance(v, str) else "_".join(f"{k}{x}" for k, x in v.items()))
+@pytest.mark.parametrize("peer", ["fla", "vllm", "sglang"])
+def test_peer_decode_captures_in_cuda_graph(device, peer, op, shape):
+    """With the real kernels (CUDA): the decode op captured in a CUDA graph inside no_index_checks() and
+    replayed for two batches of slot ids (pads included) gives the eager call's live outputs and pool."""
+    fn, sp = _capturable(device, peer, op)
     kw = sp.inputs(dict(shape), torch.float32, device, torch.Generator().manual_seed(0))
     assert kw[sp.pool].shape[0] == 9 and kw[_INDEX_ARG[op]].shape[0] == 8, "the slot batches below are for B = 8"
     key = _INDEX_ARG[op]
@@ -663,17 +667,7 @@ def test_peer_spec_decode_captures_in_cuda_graph(device, peer, op):
     """With the real kernels (CUDA): the speculative GDN / KDA step captured in a CUDA graph inside
     no_index_checks() and replayed for two slot tables and accepted counts (a padding row and a pad position
     in the second; slot ids > 0, vLLM's null block being 0) gives the eager call's live outputs and pool."""
-    if not device.startswith("cuda"):
-        pytest.skip("needs a CUDA device (CUDA-graph capture of the peers' Triton kernels)")
-    from harness.impls.registry import get
-    impl = get(peer)
-    why = impl.why_unavailable(device)
-    if why:
-        pytest.skip(why)
-    if op not in impl.ops:
-        pytest.skip(f"{peer} does not provide {op}")
-    fn = impl.ops[op]
-    sp = SPECS[op]
+    fn, sp = _capturable(device, peer, op)
     kw = sp.inputs(dict(sp.shapes["cpu"][0]), torch.float32, device, torch.Generator().manual_seed(0))
     table0, acc0 = kw["state_indices"].clone(), kw["num_accepted_tokens"].clone()
     Bsz, S = table0.shape
