@@ -126,6 +126,14 @@ SUITE_VARIANTS = [
         impl="torch_contiguous_rows", why="planted below the engine, where the suite names the op and the "
         "arguments (the engine's mixers hand the ops views, so the scenario properties see it too)"),
     SuiteVariant(
+        "contiguous_ids", "25", "every op reads its 1-dim index tensors (offsets, slot ids, flags) as adjacent "
+        "elements: a strided view (one column of a slot table) is read through its neighbours",
+        "suites/ops/test_ops_strided_inputs.py",
+        "test_strided_index_tensors_give_the_same_results and contract and (selective_state_update or "
+        "gated_delta_rule_update or causal_conv1d_varlen)",
+        impl="torch_contiguous_ids", why="the engine builds its index tensors contiguous; only the op suite "
+        "hands an op strided ones"),
+    SuiteVariant(
         "in_place_state_from_output", "24", "the conv update run in place (out is x, as vLLM and SGLang run it) "
         "writes the output over x, then shifts the slots' windows in from x: the states take the outputs",
         "suites/ops/test_ops_out_aliasing.py", "test_in_place_matches_out_of_place and causal_conv1d_update and "

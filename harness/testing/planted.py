@@ -155,6 +155,24 @@ def contiguous_rows(base):
                                ops={name: wrap(name, fn) for name, fn in base.ops.items()})
 
 
+def contiguous_ids(base):
+    """`base` whose ops read every 1-dim integer or bool tensor argument (offsets, slot ids, flags, accepted
+    counts) as if its elements were adjacent (a kernel addressing element i at `base + i`): a strided view — one
+    column of a slot table — is read from its first element on through its neighbours; contiguous ones are read
+    right (bug class 25)."""
+    def wrap(op, fn):
+        def read_as_contiguous(t):
+            if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dim() != 1 or t.is_contiguous():
+                return t
+            return t.as_strided(t.shape, (1,))  # from the view's own first element
+
+        def call(*args, **kwargs):
+            return fn(*[read_as_contiguous(a) for a in args], **{k: read_as_contiguous(v) for k, v in kwargs.items()})
+        return call
+    return dataclasses.replace(base, name=f"{base.name}[contiguous ids assumed]",
+                               ops={name: wrap(name, fn) for name, fn in base.ops.items()})
+
+
 def state_from_output(base):
     """`base` whose conv update, run in place (`out` is x, as vLLM and SGLang run it), writes the output over x
     first and then shifts the slots' windows in from x -- which holds the output by then: the outputs are
@@ -193,6 +211,10 @@ def torch_dt_in_place():
 
 def torch_contiguous_rows():
     return contiguous_rows(_torch())
+
+
+def torch_contiguous_ids():
+    return contiguous_ids(_torch())
 
 
 def torch_state_from_output():
