@@ -240,6 +240,7 @@ def test_engine_spec_matches_plain(impl, device, check, case):
     if not fams:
         pytest.skip(f"implementation {impl.name!r} has the speculative decode ops of no family")
     assume(case.scenario.family in fams)
+    event(f"family {case.scenario.family}")
     f = _factory(impl, device, (case.scenario.family,))
     prop_spec_matches_plain(case, f, check=check, tol=_tol(f))
 
