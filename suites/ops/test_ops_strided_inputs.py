@@ -62,6 +62,23 @@ def strided_args(sp, kwargs: dict, layout: str = "rows") -> tuple[dict, list[str
     return out, names
 
 
+def same_results(check, impl, sp, fn, kwargs, strided, dtype, shapes, tag, what):
+    """Run op `fn` on `kwargs`, then on `strided` (the same values as views) with its own copy of the pool:
+    the outputs and the final pools must agree to the dtype's tolerance."""
+    pool0 = kwargs.get(sp.pool).clone() if sp.pool else None
+    pos, opt = sp.split(kwargs)
+    y = fn(*pos, **opt)
+    if sp.pool:
+        strided[sp.pool] = pool0
+    spos, sopt = sp.split(strided)
+    ys = fn(*spos, **sopt)
+    check.close(f"{sp.name}.y[{tag}]", ys, y, op=sp.name, impl=impl, dtype=dtype, shapes=shapes, seed=0,
+                context=what)
+    if sp.pool:
+        check.close(f"{sp.name}.{sp.pool}[{tag}]", pool0, kwargs[sp.pool], op=sp.name, impl=impl, dtype=dtype,
+                    shapes=shapes, seed=0, context=what)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).replace("torch.", "") for d in DTYPES])
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -79,19 +96,9 @@ def test_strided_inputs_give_the_same_results(impl, device, check, case, dtype, 
     strided, names = strided_args(sp, kwargs, layout)
     if not names:
         pytest.skip(f"{sp.name}: no tensor argument of two or more dims besides the pool in this case")
-    pool0 = kwargs.get(sp.pool).clone() if sp.pool else None
-    pos, opt = sp.split(kwargs)
-    y = fn(*pos, **opt)
-    if sp.pool:
-        strided[sp.pool] = pool0
-    spos, sopt = sp.split(strided)
-    ys = fn(*spos, **sopt)
     what = f"inputs {', '.join(names)} as {'row-strided' if layout == 'rows' else 'transposed'} views"
-    check.close(f"{sp.name}.y[strided inputs]", ys, y, op=sp.name, impl=impl, dtype=dtype,
-                shapes=dict(shape, strided=names, layout=layout), seed=0, context=what)
-    if sp.pool:
-        check.close(f"{sp.name}.{sp.pool}[strided inputs]", pool0, kwargs[sp.pool], op=sp.name, impl=impl,
-                    dtype=dtype, shapes=dict(shape, strided=names, layout=layout), seed=0, context=what)
+    same_results(check, impl, sp, fn, kwargs, strided, dtype, dict(shape, strided=names, layout=layout),
+                 "strided inputs", what)
 
 
 def strided_ids(t: torch.Tensor) -> torch.Tensor:
@@ -125,16 +132,5 @@ def test_strided_index_tensors_give_the_same_results(impl, device, check, case):
             names.append(name)
     if not names:
         pytest.skip(f"{sp.name}: no index tensor of two or more elements in this case")
-    pool0 = kwargs.get(sp.pool).clone() if sp.pool else None
-    pos, opt = sp.split(kwargs)
-    y = fn(*pos, **opt)
-    if sp.pool:
-        strided[sp.pool] = pool0
-    spos, sopt = sp.split(strided)
-    ys = fn(*spos, **sopt)
-    what = f"index tensors {', '.join(names)} as strided views"
-    check.close(f"{sp.name}.y[strided ids]", ys, y, op=sp.name, impl=impl, dtype=torch.float32,
-                shapes=dict(shape, strided=names), seed=0, context=what)
-    if sp.pool:
-        check.close(f"{sp.name}.{sp.pool}[strided ids]", pool0, kwargs[sp.pool], op=sp.name, impl=impl,
-                    dtype=torch.float32, shapes=dict(shape, strided=names), seed=0, context=what)
+    same_results(check, impl, sp, fn, kwargs, strided, torch.float32, dict(shape, strided=names), "strided ids",
+                 f"index tensors {', '.join(names)} as strided views")

@@ -613,6 +613,26 @@ def _capturable(device, peer, op):
     return impl.ops[op], SPECS[op]
 
 
+def _captured(peer, call, pool0, pool_g, index):
+    """`call(pool, index)` once eagerly with index checks on (compiles and autotunes the kernels; a decline
+    skips), once on a side stream inside no_index_checks(), then captured in a CUDA graph on `pool_g` and the
+    static `index` tensors. Returns (the graph, its output)."""
+    try:
+        call(pool0.clone(), tuple(t.clone() for t in index))
+    except NotImplementedError as e:
+        pytest.skip(f"{peer} declines the case: {e}")
+    with no_index_checks():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call(pool0.clone(), index)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_g = call(pool_g, index)
+    return graph, y_g
+
+
 @pytest.mark.parametrize("op,shape", [(op, sh) for op in DECODE_OPS for sh in SPECS[op].shapes["cpu"]],
                          ids=lambda v: v if isinstance(v, str) else "_".join(f"{k}{x}" for k, x in v.items()))
 @pytest.mark.parametrize("peer", ["fla", "vllm", "sglang"])
@@ -630,20 +650,8 @@ def test_peer_decode_captures_in_cuda_graph(device, peer, op, shape):
         return fn(*[args[a] for a in sp.args], **{k: args[k] for k in sp.options if k in args})
 
     idx = torch.tensor(_CAPTURE_SLOTS[0], dtype=torch.int32, device=device)
-    try:
-        call(pool0.clone(), idx.clone())  # eager, index checks on (compiles and autotunes the kernels)
-    except NotImplementedError as e:
-        pytest.skip(f"{peer} declines the case: {e}")
     pool_g = pool0.clone()
-    with no_index_checks():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call(pool0.clone(), idx)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y_g = call(pool_g, idx)
+    graph, y_g = _captured(peer, lambda pool, i: call(pool, *i), pool0, pool_g, (idx,))
     for slots in _CAPTURE_SLOTS:
         idx.copy_(torch.tensor(slots, dtype=torch.int32))
         pool_g.copy_(pool0)
@@ -686,20 +694,8 @@ def test_peer_spec_decode_captures_in_cuda_graph(device, peer, op):
         args = dict(kw, **{sp.pool: pool, "state_indices": t, "num_accepted_tokens": a})
         return fn(*[args[x] for x in sp.args], **{k: args[k] for k in sp.options if k in args})
 
-    try:
-        call(pool0.clone(), table.clone(), acc.clone())  # eager, index checks on (compiles the kernels)
-    except NotImplementedError as e:
-        pytest.skip(f"{peer} declines the case: {e}")
     pool_g = pool0.clone()
-    with no_index_checks():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call(pool0.clone(), table, acc)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y_g = call(pool_g, table, acc)
+    graph, y_g = _captured(peer, lambda pool, i: call(pool, *i), pool0, pool_g, (table, acc))
     for t, a in ((table0, acc0), (table1, acc1)):
         table.copy_(t)
         acc.copy_(a)
