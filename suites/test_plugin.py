@@ -116,20 +116,26 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
     assert lines["test_skip"]["outcome"] == "skipped" and "no CUDA device" in lines["test_skip"]["why"]
 
 
-def test_outcomes_name_the_error_of_an_exception_group(tmp_path):
+@pytest.mark.parametrize("names", [("KeyError", "ValueError"), ("OutOfResources", "CompilationFault")])
+def test_outcomes_name_the_error_of_an_exception_group(tmp_path, names):
     """A hypothesis test with several distinct failures reports an exception group: its --outcomes line
-    names the first member's error, not the group's frame or margin."""
+    names the first member's error, not the group's frame or margin, also when the members' classes are
+    not named ...Error (triton raises `OutOfResources`)."""
     import json
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
-    (tmp_path / "test_g.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_g.py").write_text(textwrap.dedent(f"""
         from hypothesis import given, settings, strategies as st
+        class OutOfResources(Exception):
+            pass
+        class CompilationFault(Exception):
+            pass
         @settings(database=None, derandomize=True, max_examples=50)
         @given(st.integers(0, 10))
         def test_two_ways(n):
             if n == 3:
-                raise KeyError("slot 3 was read")
+                raise {names[0]}("slot 3 was read")
             if n == 7:
-                raise ValueError("state of slot 7 differs")
+                raise {names[1]}("state of slot 7 differs")
     """))
     out = tmp_path / "o.jsonl"
     r = _pytest(["--device", "cpu", "-q", "--outcomes", str(out), str(tmp_path)], cwd=tmp_path)

@@ -180,7 +180,10 @@ def pytest_pyfunc_call(pyfuncitem):
         UNSUPPORTED.reset(token)
 
 
-_ERROR_LINE = re.compile(r"^(E\s+.*|[A-Za-z_][\w.]*(Error|Exception|Mismatch|Failed)(:.*)?)$")
+_ERROR_LINE = re.compile(r"^(E\s+.*|[A-Za-z_][\w.]*(Error|Exception|Mismatch|Failed|Failure)(:.*)?)$")
+# any exception's last traceback line: a (dotted) class name and its message, e.g. triton's
+# "triton.runtime.errors.OutOfResources: out of resource: shared memory"
+_RAISED_LINE = re.compile(r"^([a-z_]\w*\.)*[A-Z]\w*: \S.*$")
 
 
 def failure_line(text: str) -> str:
@@ -192,8 +195,11 @@ def failure_line(text: str) -> str:
     if errs:
         return errs[0]
     inner = [re.sub(r"^\s*(\|\s?|\+-[+-]*.*)*", "", ln).rstrip() for ln in lines]
-    errs = [ln for ln in inner if _ERROR_LINE.match(ln) and not re.match(r"^\w*ExceptionGroup\b", ln)]
-    return errs[0] if errs else (lines[-1] if lines else "")
+    for pattern in (_ERROR_LINE, _RAISED_LINE):
+        errs = [ln for ln in inner if pattern.match(ln) and not re.match(r"^\w*ExceptionGroup\b", ln)]
+        if errs:
+            return errs[0]
+    return lines[-1] if lines else ""
 
 
 def _outcome_line(report) -> dict | None:

@@ -233,6 +233,8 @@ def test_bench_sweep_leaves_out_configurations_that_fail_conformance(tmp_path, c
         calls.append(op)
         return "conformance: planted" if len(calls) - 1 == fail_at else None
     monkeypatch.setattr(sweep, "conformance", conformance)
+    # in this process: on CUDA the sweep otherwise runs each group in a child, which the planted check misses
+    monkeypatch.setenv(sweep._CHILD, "1")
     out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
     rc = main(["bench", "sweep", "--device", device.split(":")[0], "--op", "causal_conv1d_update", "--candidates", "1",
                *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev", "--out", str(out)])
