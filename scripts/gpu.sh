@@ -48,7 +48,7 @@
 #               and gated norm; causal-conv1d's CUDA kernels), eager and CUDA graph, in one run -> bench.jsonl
 #   throughput  harness bench throughput, falcon-mamba-7b and mamba-codestral-7b shapes,
 #               transformers alongside                                                  -> throughput.jsonl
-#               (and the eager decode step's profiles, Python and operators, in <logs>/profile/)
+#               (and the eager decode step's profiles, Python and operators -> profile/)
 #   peers       every suite but the benchmarks' with the peers' adapters (mamba_ssm, mamba_ssm_cuda,
 #               causal_conv1d, fla, vllm, sglang: those importable)                       -> results-peers.jsonl
 #   sweep       (only when named; before the bench, which then times the winners) harness bench sweep for
@@ -195,7 +195,7 @@ for s in ${STEPS//,/ }; do
     peers) resumes peers || rm -f "$DIR/results-peers.jsonl" "$DIR/outcomes-peers.jsonl" ;;
     tp) rm -f "$DIR/results-tp.jsonl" "$DIR/outcomes-tp.jsonl" ;;
     bench) resumes bench || rm -f "$DIR/bench.jsonl" ;;
-    throughput) rm -f "$DIR/throughput.jsonl" ;;
+    throughput) rm -rf "$DIR/throughput.jsonl" "$DIR/profile" ;;
     env) rm -f "$DIR/env.json" ;;
   esac
 done
@@ -334,6 +334,10 @@ step_throughput() {
     log "throughput: $preset exit $rc"
     place throughput throughput.jsonl
   done
+  if ls "$LOGS"/profile/*.txt > /dev/null 2>&1; then
+    mkdir -p "$DIR/profile.tmp" && cp "$LOGS"/profile/*.txt "$DIR/profile.tmp/" && rm -rf "$DIR/profile" \
+      && mv "$DIR/profile.tmp" "$DIR/profile"
+  fi
   note throughput $rc $(( $(date +%s) - t ))
 }
 

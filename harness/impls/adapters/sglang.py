@@ -350,6 +350,10 @@ def ssd_varlen(x, dt, A, B, Cm, chunk_size, D, z, dt_bias, ssm_states, query_sta
                                              query_start_loc, cache_indices, has_initial_state, dt_limit,
                                              pad_slot_id, out)
     _on_gpu(x, "mamba_chunk_scan_combined")
+    if z is not None and x.stride(-1) != 1 and x.stride(0) == 1:
+        raise NotImplementedError("sglang mamba_chunk_scan_combined: with a gate z, x contiguous in its last dim "
+                                  "only (a token-contiguous x is kept, and _chunk_scan_fwd asserts that "
+                                  "empty_like(x) has the strides of the output)")
     if T == 0:
         return _empty_prefill(x.shape, x, ssm_states, cache_indices, has_initial_state, pad_slot_id, out)
     if bool((query_start_loc.diff() == 0).any()):
