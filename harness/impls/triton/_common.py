@@ -308,3 +308,106 @@ def unit_stride(*ids):
     row out of padded metadata) is copied on the device (no synchronisation: capturable); a contiguous one, what
     engines pass, is returned as it is."""
     return tuple(t if t is None or t.is_contiguous() else t.contiguous() for t in ids)
+
+
+# ---- launching ---------------------------------------------------------------------------------------------
+# `launch(kernel, grid, *args, **kw)` is `kernel[grid](*args, **kw)` with fewer host steps once a call of the same
+# specialisation has run. Triton's `JITFunction.run` binds the arguments through a generated function, builds a
+# string cache key, reads its knobs, asks for launch metadata and checks hooks and globals on every call: tens of
+# microseconds of Python per launch, what an eager decode step is made of. Here the first call of each key goes
+# through `kernel[grid]` (which compiles or finds the kernel, launches it and returns it); later calls with the
+# same key hand the arguments to that compiled kernel's launcher directly. The key is finer than Triton's
+# specialisation, never coarser: every positional argument contributes its type; a tensor its dtype and whether
+# its address is 16-byte aligned (all Triton specialises a pointer on), any other argument its value; constexprs
+# and launch options come by keyword and contribute their values (suites/ops/test_ops_triton_launch.py checks the key against Triton's binder).
+# Any case the shortcut does not cover runs `kernel[grid]`: the interpreter, a non-CUDA backend, launch hooks
+# (profilers) installed, a callable grid, an autotuned, hooked or annotated kernel, a non-constexpr parameter
+# given by keyword, an unhashable argument. HARNESS_TRITON_LAUNCH=jit turns the shortcut off.
+try:
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+    from triton.runtime.jit import JITFunction as _JITFunction
+except ImportError:  # a Triton without these: every launch takes kernel[grid]
+    _JITFunction = None
+
+_SHORTCUT = os.environ.get("HARNESS_TRITON_LAUNCH", "fast") != "jit" and _JITFunction is not None
+_NO_PLAN = object()
+_MAX_KEYS = 512  # per kernel; beyond it the table starts over (a prefill's token counts are values of the key)
+
+
+class _Plan:
+    """What `launch` needs of one kernel, read once: its parameters in order, the names of its non-constexpr
+    ones, and per key the compiled kernel with the values of the parameters after the positional ones."""
+    __slots__ = ("params", "names", "runtime_names", "compiled", "backends")
+
+    def __init__(self, kernel):
+        self.params = list(kernel.params)
+        self.names = frozenset(p.name for p in self.params)
+        self.runtime_names = frozenset(p.name for p in self.params if not p.is_constexpr)
+        self.compiled: dict = {}
+        self.backends: dict = {}
+
+
+def _plan_of(kernel):
+    plan = kernel.__dict__.get("_harness_launch_plan")
+    if plan is None:
+        ok = (_JITFunction is not None and type(kernel) is _JITFunction and not kernel.pre_run_hooks
+              and not any(p.annotation_type for p in kernel.params if not p.is_constexpr))
+        plan = _Plan(kernel) if ok else _NO_PLAN
+        kernel.__dict__["_harness_launch_plan"] = plan
+    return plan
+
+
+def launch_values(plan: _Plan, args: tuple, kw: dict):
+    """Every parameter's value in the kernel's order (positional, then by name, then the default), and the
+    launch options (keywords that name no parameter: num_warps, num_stages, ...); (None, None) where a parameter
+    has no value (Triton raises the error: the caller takes kernel[grid])."""
+    vals = list(args)
+    for p in plan.params[len(args):]:
+        if p.name in kw:
+            vals.append(kw[p.name])
+        elif p.has_default:
+            vals.append(p.default)
+        else:
+            return None, None
+    options = tuple(sorted((k, v) for k, v in kw.items() if k not in plan.names))
+    return vals, options
+
+
+def launch_key(args: tuple, kw: dict) -> tuple:
+    """A call's key (see the section's comment): equal keys have equal Triton specialisations."""
+    return (tuple(map(type, args)),
+            tuple([(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, torch.Tensor) else a for a in args]),
+            tuple(kw.items()))
+
+
+def launch(kernel, grid, *args, **kw):
+    """`kernel[grid](*args, **kw)` (see the section's comment); returns what that returns."""
+    if (not _SHORTCUT or _INTERPRET or callable(grid)
+            or _knobs.runtime.launch_enter_hook is not None or _knobs.runtime.launch_exit_hook is not None):
+        return kernel[grid](*args, **kw)
+    plan = _plan_of(kernel)
+    if plan is _NO_PLAN or not plan.runtime_names.isdisjoint(kw):
+        return kernel[grid](*args, **kw)
+    device = _driver.active.get_current_device()
+    cuda = plan.backends.get(device)
+    try:
+        key = (device, launch_key(args, kw))
+        hit = plan.compiled.get(key) if cuda else None
+    except TypeError:  # an unhashable argument
+        return kernel[grid](*args, **kw)
+    if hit is None:
+        compiled = kernel[grid](*args, **kw)
+        if cuda is None:  # the device's first call: its backend is known now
+            plan.backends[device] = cuda = kernel.device_caches[device][2].backend == "cuda"
+        vals = launch_values(plan, args, kw)[0]
+        if cuda and compiled is not None and vals is not None:
+            if len(plan.compiled) >= _MAX_KEYS:
+                plan.compiled.clear()
+            plan.compiled[key] = (compiled, tuple(vals[len(args):]))
+        return compiled
+    compiled, rest = hit
+    g = tuple(grid)
+    compiled.run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, _driver.active.get_current_stream(device),
+                 compiled.function, compiled.packed_metadata, None, None, None, *args, *rest)
+    return compiled

@@ -26,8 +26,8 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
-                                          silu_fast, tl_dtype, unit_stride)
+from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
+                                          nvidia_fast, silu_fast, tl_dtype, unit_stride)
 
 # Launch parameters. Prefill: chunks of bt tokens x bd channels (bd / (32 * warps) channels per thread:
 # 4 = 8-byte bf16 vectors), `stages` chunks in flight; a program walks at most `chunks` chunks, fewer
@@ -304,7 +304,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     extra = {} if interp or not CONFIG.get("maxnreg") else {"maxnreg": CONFIG["maxnreg"]}
     b = bias if bias is not None else weight
     with device_guard(x):
-        _conv_varlen_kernel[grid](
+        launch(_conv_varlen_kernel, grid,
             x, weight, b, conv_states, query_start_loc, cache_indices, has_initial_state.view(torch.uint8), y,
             T, D, S, pad_slot_id, seg,
             x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
@@ -335,7 +335,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     b = bias if bias is not None else weight
     sx, sw, sb, ss, sy = x.stride(), weight.stride(), b.stride(0), conv_states.stride(), y.stride()
     with device_guard(x):
-        _conv_update_kernel[(cdiv(Bsz, rows), cdiv(D, bd))](
+        launch(_conv_update_kernel, (cdiv(Bsz, rows), cdiv(D, bd)),
             x, weight, b, conv_states, conv_state_indices, y, Bsz, D, pad_slot_id,
             *sx, *sw, sb, *ss, *sy,
             K=K, BD=bd, ROWS=rows, HAS_BIAS=bias is not None, SILU=activation == "silu",

@@ -59,7 +59,7 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import cdiv, device_guard, dummy, launch_config, next_power_of_2, unit_stride
+from harness.impls.triton._common import launch, cdiv, device_guard, dummy, launch_config, next_power_of_2, unit_stride
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
 from reference.delta_rule import L2NORM_EPS
 
@@ -583,7 +583,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     sc_hi, sc_lo = split_limit(sc)
     hi = has_initial_state.view(torch.uint8)
     with device_guard(v):
-        _gdn_prep_kernel[(NC, Hv)](
+        launch(_gdn_prep_kernel, (NC, Hv),
             q, k, v, g, beta, query_start_loc, w, u, aqk, kg, gc,
             S, Hv // Hk, K, V, sc_hi, sc_lo,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
@@ -593,7 +593,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
             KB=KBP, WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
         if not parallel:
-            _gdn_scan_kernel[(S, Hv, cdiv(V, BVS))](
+            launch(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
                 Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
                 *q.stride(), *k.stride(), w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0),
@@ -602,7 +602,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
                 CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
                 SPREC=SPREC, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
             return o
-        _gdn_state_kernel[(S, Hv, cdiv(V, BVS))](
+        launch(_gdn_state_kernel, (S, Hv, cdiv(V, BVS)),
             w, u, kg, gc, hs, ssm_states, query_start_loc, cache_indices, hi,
             K, V, int(pad_slot_id),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), kg.stride(0), kg.stride(1), *gc.stride(),
@@ -610,7 +610,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             cache_indices.stride(0), hi.stride(0),
             CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
             num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
-        _gdn_out_kernel[(NC, Hv, cdiv(V, BVO))](
+        launch(_gdn_out_kernel, (NC, Hv, cdiv(V, BVO)),
             q, k, u, gc, hs, o, query_start_loc, cache_indices,
             S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
             *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (compute_dtype, device_guard, index_type, interpreting, launch_config,
+from harness.impls.triton._common import (launch, compute_dtype, device_guard, index_type, interpreting, launch_config,
                                           next_power_of_2, unit_stride)
 from harness.impls.triton.spec_decode import _pos, _row, _zero_padding_row
 from harness.ops import PAD_SLOT_ID
@@ -209,7 +209,7 @@ def _launch(kernel, kind, rows, T, dims, q, k, v, g, beta, ssm_states, index, in
     # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
     pool = ssm_states if ssm_states.numel() else v
     with device_guard(v):
-        kernel[(rows * Hv * NV,)](
+        launch(kernel, (rows * Hv * NV,),
             q, k, v, g, beta, pool, *index, o,
             Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
             *sq, *sk, *sv, *sg, *sb, *ss, *so, *index_strides,

@@ -7,7 +7,13 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import device_guard, interpreting, next_power_of_2
+from harness.impls.triton._common import launch, device_guard, interpreting, next_power_of_2
+
+
+@triton.jit
+def rms_scale(xv, n, eps):
+    """1 / sqrt(mean of xv^2 + eps): xv a block of `n` channels (masked-off lanes 0), in xv's dtype."""
+    return 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / n + eps)
 
 
 @triton.jit
@@ -26,8 +32,7 @@ def _gated_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, eps_ptr, GS, eps, sx0, sx1, s
             xv = xv * gate
     if EPS_F64:  # float arguments arrive as fp32; fp64 runs read the exact eps from a tensor
         eps = tl.load(eps_ptr)
-    ms = tl.sum(xv * xv, axis=0) / GS
-    y = xv * (1.0 / tl.sqrt(ms + eps)) * tl.load(w_ptr + c * sw0, mask=m, other=0.0).to(ACC)
+    y = xv * rms_scale(xv, GS, eps) * tl.load(w_ptr + c * sw0, mask=m, other=0.0).to(ACC)
     if HAS_Z:
         if NORM_BEFORE_GATE:
             y = y * gate
@@ -46,7 +51,7 @@ def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=
     eps_t = torch.tensor([eps], dtype=torch.float64, device=x.device) if acc is tl.float64 else x
     warps = 1 if interpreting() else max(1, min(16, BG // 256))
     with device_guard(x):
-        _gated_norm_kernel[(T, Dd // gs)](
+        launch(_gated_norm_kernel, (T, Dd // gs),
             x, weight, zp, y, eps_t, gs, float(eps), x.stride(0), x.stride(1), weight.stride(0),
             zp.stride(0), zp.stride(1), y.stride(0), y.stride(1),
             BG=BG, HAS_Z=z is not None, NORM_BEFORE_GATE=bool(norm_before_gate), ACC=acc,

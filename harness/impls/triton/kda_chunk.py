@@ -49,7 +49,8 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import cdiv, compute_dtype, device_guard, launch_config, next_power_of_2, unit_stride
+from harness.impls.triton._common import (launch, cdiv, compute_dtype, device_guard, launch_config, next_power_of_2,
+                                          unit_stride)
 from harness.impls.triton.delta_rule_chunk import _chunks_before, _locate, _tile_rows, _unit_lower_inverse
 from harness.impls.triton import delta_rule_chunk as _gdn
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size
@@ -285,7 +286,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     rows_span = bt * max(abs(x.stride(0)) for x in (q, k, v, g, beta, w, u))
     wide = rows_span + max(K, V) * max(abs(x.stride(2)) for x in (q, k, v, g)) >= _gdn.WIDE_SPAN
     with device_guard(q):
-        _kda_prep_kernel[(NC, H)](
+        launch(_kda_prep_kernel, (NC, H),
             q, k, v, g, beta, query_start_loc, sct, w, qp, kg, u, ou, dl,
             S, K, V, sc,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
@@ -293,7 +294,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
             BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
             DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
             FAST_THR=float(CONFIG["fast_thr"]), WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
-        _kda_scan_kernel[(S, H, cdiv(V, BV))](
+        launch(_kda_scan_kernel, (S, H, cdiv(V, BV)),
             w, qp, kg, u, ou, dl, o, pool, query_start_loc, cache_indices, has_initial_state,
             K, V, int(pad_slot_id),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1), *o.stride(),

@@ -42,9 +42,9 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch_config, cdiv, compute_dtype, device_guard, exp2_fast, index_type,
-                                          interpreting, next_power_of_2, nvidia_fast, silu_fast, softplus_fast,
-                                          unit_stride)
+from harness.impls.triton._common import (launch, launch_config, cdiv, compute_dtype, device_guard, exp2_fast,
+                                          index_type, interpreting, next_power_of_2, nvidia_fast, silu_fast,
+                                          softplus_fast, unit_stride)
 from reference.validate import fail
 
 # Launch parameters (H200 sweep, `harness bench sweep --op selective_scan_varlen`: best of 36 at D=8192 N=16
@@ -431,9 +431,10 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
                *ssm_states.stride(), y.stride(0), y.stride(1))
     with device_guard(u):
         if T <= L:
-            _scan_kernel[(nD, S) if dfirst else (S, nD)](u, delta, A, B, Cm, Dp, zp, dbp, ssm_states, query_start_loc, cache_indices, hi,
-                                  y, query_start_loc, u, u, Dm, N, Dm // G, S, L, pad_slot_id, *strides,
-                                  MODE=0, NSTEPS=1, **opt)
+            launch(_scan_kernel, (nD, S) if dfirst else (S, nD),
+                   u, delta, A, B, Cm, Dp, zp, dbp, ssm_states, query_start_loc, cache_indices, hi,
+                   y, query_start_loc, u, u, Dm, N, Dm // G, S, L, pad_slot_id, *strides,
+                   MODE=0, NSTEPS=1, **opt)
             return y
         q = query_start_loc.to(torch.int64)
         nch = (q[1:] - q[:-1] + (L - 1)) // L
@@ -445,9 +446,9 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         args = (u, delta, A, B, Cm, Dp, zp, dbp, ssm_states, query_start_loc, cache_indices, hi, y, cs, hb, sdt,
                 Dm, N, Dm // G, S, L, pad_slot_id, *strides)
         grid = (nD, NC) if dfirst else (NC, nD)
-        _scan_kernel[grid](*args, MODE=1, NSTEPS=nsteps, **opt)
-        _scan_combine_kernel[(S, nD)](A, ssm_states, cache_indices, hi, cs, hb, sdt, Dm, N, pad_slot_id,
+        launch(_scan_kernel, grid, *args, MODE=1, NSTEPS=nsteps, **opt)
+        launch(_scan_combine_kernel, (S, nD), A, ssm_states, cache_indices, hi, cs, hb, sdt, Dm, N, pad_slot_id,
                                       A.stride(0), A.stride(1), *ssm_states.stride(),
                                       BD=BD, BN=BN, ACC=ACC, num_warps=warps)
-        _scan_kernel[grid](*args, MODE=2, NSTEPS=nsteps, **opt)
+        launch(_scan_kernel, grid, *args, MODE=2, NSTEPS=nsteps, **opt)
     return y

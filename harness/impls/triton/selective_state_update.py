@@ -15,8 +15,8 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2, nvidia_fast,
-                                          softplus_fast, unit_stride)
+from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
+                                          nvidia_fast, softplus_fast, unit_stride)
 
 # Launch parameters (m2_*: defaults from the H200 sweep, 2026-11-29; m1_*: the offline sm_90 compile's pick, to be
 # confirmed by `harness bench sweep --op selective_state_update`; the device's values in
@@ -292,7 +292,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
             _, Bsz, H, P, N, G = layout
             BN = next_power_of_2(N)
             BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
-            _ssu_mamba2_kernel[(Bsz, H, cdiv(P, BP))](
+            launch(_ssu_mamba2_kernel, (Bsz, H, cdiv(P, BP)),
                 state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
                 P, N, H // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *Cm.stride(),
@@ -307,7 +307,7 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
             tiles = max(1, min(cdiv(Bsz, rows), 2 if interp else CONFIG["m1_tiles"]))
             nb, nd = cdiv(Bsz, rows * tiles), cdiv(Dm, BD)
             dfirst = bool(CONFIG["m1_dfirst"]) and nb <= 65535  # grid dims 1, 2 are limited to 65535
-            _ssu_mamba1_kernel[(nd, nb) if dfirst else (nb, nd)](
+            launch(_ssu_mamba1_kernel, (nd, nb) if dfirst else (nb, nd),
                 state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
                 Bsz, Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),

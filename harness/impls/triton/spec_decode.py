@@ -23,7 +23,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch_config, cdiv, device_guard, interpreting, next_power_of_2,
+from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
                                           nvidia_fast, softplus_fast, unit_stride)
 from harness.impls.triton.conv1d import _acc as _conv_acc, _epilogue, _i64d, _weights
 from harness.impls.triton.selective_state_update import _acc, _clamp, _softplus
@@ -269,7 +269,7 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
         if layout[0] == "mamba2":
             _, _, H, P, N, G = layout[:6]
             BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
-            _spec_mamba2_kernel[(Bsz, H, cdiv(P, BP))](
+            launch(_spec_mamba2_kernel, (Bsz, H, cdiv(P, BP)),
                 state, x, dt, A, B, Cm, dp, zp, bp, *rows, y,
                 P, N, H // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *Cm.stride(),
@@ -280,7 +280,7 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
         else:
             _, _, Dm, N, G = layout[:5]
             BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["m1_bd"])
-            _spec_mamba1_kernel[(Bsz, cdiv(Dm, BD))](
+            launch(_spec_mamba1_kernel, (Bsz, cdiv(Dm, BD)),
                 state, x, dt, A, B, Cm, dp, zp, bp, *rows, y,
                 Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
@@ -309,7 +309,7 @@ def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, con
     b = bias if bias is not None else weight
     sx, sw, sb, ss, sy = x.stride(), weight.stride(), b.stride(0), conv_states.stride(), y.stride()
     with device_guard(x):
-        _spec_conv_kernel[(Bsz, cdiv(D, bd))](
+        launch(_spec_conv_kernel, (Bsz, cdiv(D, bd)),
             x, weight, b, conv_states, query_start_loc, conv_state_indices, num_accepted_tokens, y, D, pad_slot_id,
             *sx, *sw, sb, *ss, *sy, *conv_state_indices.stride(),
             S=S, K=K, BD=bd, HAS_BIAS=bias is not None, SILU=activation == "silu", ACC=_conv_acc(x.dtype),

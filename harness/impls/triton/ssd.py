@@ -29,7 +29,7 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import device_guard, interpreting, launch_config, unit_stride
+from harness.impls.triton._common import launch, device_guard, interpreting, launch_config, unit_stride
 from harness.impls.triton.ssd_bmm import ssd_bmm
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, ssd_chunk_cumsum
 from harness.impls.triton.ssd_chunk_scan import fused_cb_ok, ssd_chunk_scan
@@ -104,6 +104,6 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, D, z, dt_bias, ssm_states, query_star
                        **TUNING["chunk_scan"])
         if T:
             blk = min(1024, triton.next_power_of_2(H * P))
-            _zero_pad_tokens_kernel[(S,)](y, query_start_loc, cache_indices, int(pad_slot_id), H * P, P,
+            launch(_zero_pad_tokens_kernel, (S,), y, query_start_loc, cache_indices, int(pad_slot_id), H * P, P,
                                           y.stride(0), y.stride(1), y.stride(2), BLOCK=blk)
     return y

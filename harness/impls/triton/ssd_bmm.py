@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import cdiv
+from harness.impls.triton._common import launch, cdiv
 from harness.impls.triton.ssd_chunk_state import default_block, dot_types
 
 __all__ = ["ssd_bmm"]
@@ -69,7 +69,7 @@ def ssd_bmm(C, B, chunk_start, chunk_len, chunk_size: int, *, compute_dtype=torc
     DOT, PREC = dot_types(C.dtype, compute_dtype)
     CD = tl.float64 if compute_dtype == torch.float64 else tl.float32
     grid = (NC, G, cdiv(chunk_size, bm) * cdiv(chunk_size, bn))
-    _bmm_kernel[grid](
+    launch(_bmm_kernel, grid,
         C, B, chunk_start, chunk_len, cb, N, chunk_size,
         C.stride(0), C.stride(1), C.stride(2), B.stride(0), B.stride(1), B.stride(2), *cb.stride(),
         CD=CD, DOT=DOT, PREC=PREC, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

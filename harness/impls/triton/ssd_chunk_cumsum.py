@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import cdiv, next_power_of_2
+from harness.impls.triton._common import launch, cdiv, next_power_of_2
 
 __all__ = ["chunk_front", "chunk_table_size", "front_args", "front_buffers", "split_limit", "ssd_chunk_cumsum"]
 
@@ -172,5 +172,5 @@ def ssd_chunk_cumsum(dt, A, dt_bias, query_start_loc, chunk_size: int, *, dt_sof
                               compute_dtype)
     if block_h is None:
         block_h = max(1, min(next_power_of_2(H), max(1, 2048 // consts["BLOCK_L"])))
-    _chunk_cumsum_kernel[(NC, cdiv(H, block_h))](*args, **consts, BLOCK_H=block_h, num_warps=num_warps)
+    launch(_chunk_cumsum_kernel, (NC, cdiv(H, block_h)), *args, **consts, BLOCK_H=block_h, num_warps=num_warps)
     return bufs

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import exp2_fast, interpreting, launch_config, next_power_of_2, nvidia_fast
+from harness.impls.triton._common import launch, exp2_fast, interpreting, launch_config, next_power_of_2, nvidia_fast
 from harness.impls.triton.ssd_chunk_state import default_block, dot_types
 
 __all__ = ["ssd_chunk_scan", "fused_cb_ok"]
@@ -343,7 +343,7 @@ def ssd_chunk_scan(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chun
     opts = {"num_warps": num_warps or 4, "num_stages": num_stages or 2}
     if maxnreg and nvidia:
         opts["maxnreg"] = maxnreg
-    _chunk_scan_kernel[grid](
+    launch(_chunk_scan_kernel, grid,
         x, zz, C, BB, D if D is not None else x, out, cbt, dt_out, dA_cs, prev_states, chunk_start, chunk_len,
         H, P, N, H // G, sx[0], sx[1], sx[2], sz[0], sz[1], sz[2], so[0], so[1], so[2], sc[0], sc[1], sc[2],
         sb[0], sb[1], sb[2], sDh, sDp, *cb_strides, dt_out.stride(0), dt_out.stride(1), *sp,

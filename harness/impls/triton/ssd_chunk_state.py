@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import cdiv, interpreting, launch_config, next_power_of_2
+from harness.impls.triton._common import launch, cdiv, interpreting, launch_config, next_power_of_2
 from harness.impls.triton.ssd_chunk_cumsum import chunk_front, front_args, front_buffers
 
 __all__ = ["ssd_chunk_state", "dot_types", "default_block"]
@@ -199,7 +199,7 @@ def ssd_chunk_state(x, B, dt_out, dA_cs, chunk_start, chunk_len, *, compute_dtyp
         extra = (x, x, x, chunk_len, chunk_len, chunk_len, H, 1, cs, 0.0, 0.0, 0.0, 0.0, 0, 0)
         fconst = dict(FRONT=False, HAS_BIAS=False, SOFTPLUS=False, BLOCK_S=16, BLOCK_L=16)
     grid = (NC, H // hb, cdiv(P, bp) * cdiv(N, bn))
-    _chunk_state_kernel[grid](
+    launch(_chunk_state_kernel, grid,
         x, B, dt_out, dA_cs, chunk_start, chunk_len, states, P, N, H // G,
         sxt, sxh, sxp, sbt, sbg, sbn,
         dt_out.stride(0), dt_out.stride(1), *states.stride(), *extra,

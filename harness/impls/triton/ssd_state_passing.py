@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.impls.triton._common import cdiv, interpreting, next_power_of_2
+from harness.impls.triton._common import launch, cdiv, interpreting, next_power_of_2
 
 __all__ = ["ssd_state_passing"]
 
@@ -99,7 +99,7 @@ def ssd_state_passing(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_
     bc = block_c or (4 if interpreting() else 8)
     CD = tl.float64 if states.dtype == torch.float64 else tl.float32
     grid = (S, H, cdiv(P * N, blk))
-    _state_passing_kernel[grid](
+    launch(_state_passing_kernel, grid,
         states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_states, cache_indices,
         has_initial_state.view(torch.int8),
         prev, P, N, chunk_size, pad_slot_id,

@@ -1,0 +1,118 @@
+"""`harness.impls.triton._common.launch`: our kernels' launches skip Triton's per-call binding once a call of the
+same specialisation has run. The shortcut is only safe if it tells specialisations apart exactly as Triton does:
+the key is checked against Triton's own binder on the CPU (no launch needed), and on CUDA the shortcut's launches
+are checked against `kernel[grid]` over the alignments and integer classes Triton specialises on."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+from harness.impls.triton import _common
+
+
+def _scale_copy(x_ptr, y_ptr, n, sx, sy, alpha, flag, BLOCK: tl.constexpr, NEG: tl.constexpr = False):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    v = tl.load(x_ptr + i * sx, mask=m, other=0.0) * alpha
+    if NEG:
+        v = -v
+    v = tl.where(flag, v, v + 0.0)
+    tl.store(y_ptr + i * sy, v, mask=m)
+
+
+def _jit(fn=_scale_copy, **kw) -> JITFunction:
+    """A JITFunction whatever TRITON_INTERPRET says (binding needs no device and no compile)."""
+    return JITFunction(fn, **kw)
+
+
+def _calls():
+    """Calls that Triton tells apart, and some it does not: integers in every class (1, multiples of 16, others,
+    64-bit, negative), True against 1, 0.0 against 0, aligned and misaligned pointers of several dtypes,
+    constexprs and launch options."""
+    x = torch.zeros(64)
+    for n in (1, 2, 16, 17, 32, 0, -1, 2 ** 31 - 1, 2 ** 31, 2 ** 40, True, False, 1.0, 0.0):
+        yield (x, x, n, 1, 16, 0.5, True), dict(BLOCK=16)
+    yield (x, x, 3, 1, 16, 0.5, True), dict(BLOCK=16)
+    yield (x[1:], x, 7, 3, 1, 2.0, False), dict(BLOCK=32, NEG=True)
+    yield (x[4:], x[8:], 7, 3, 1, 2.0, False), dict(BLOCK=32, NEG=True)
+    yield (x.to(torch.float16), x[4:], 7, 16, 16, 1.0, True), dict(BLOCK=16, num_warps=2)
+    yield (x.to(torch.float16)[8:], x[4:], 7, 16, 16, 1.0, True), dict(BLOCK=16, num_warps=2)
+    yield (x.to(torch.int32)[2:], x, 64, 1, 1, 1.0, False), dict(BLOCK=64)
+    yield (x, x, 64, 1, 1, 1.0, 1), dict(BLOCK=64)
+
+
+@pytest.mark.parametrize("dns", [(), ("n",), ("sx", "sy")])
+def test_equal_keys_have_equal_triton_specialisations(dns):
+    """Whenever two calls get the same key, Triton's binder (its generated function, with the parameters'
+    do_not_specialize flags) gives them the same specialisation and options: a key never maps a call onto a
+    kernel compiled for another specialisation. Calls Triton tells apart by integer class are told apart."""
+    from triton.backends.compiler import BaseBackend
+    kernel = _jit(do_not_specialize=list(dns))
+    plan = _common._plan_of(kernel)
+    assert plan is not _common._NO_PLAN
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    seen = {}
+    for args, kw in _calls():
+        _, spec, options = binder(*args, **kw)
+        want = (repr(spec), sorted(options.items()))
+        key = _common.launch_key(args, kw)
+        assert seen.setdefault(key, want) == want, (args[2:], kw)
+    assert len(set(map(repr, seen.values()))) >= (8 if "n" not in dns else 5)
+
+
+def test_values_fill_defaults_and_split_options():
+    plan = _common._plan_of(_jit())
+    x = torch.zeros(4)
+    vals, options = _common.launch_values(plan, (x, x, 4, 1, 1, 1.0, True), dict(BLOCK=8, num_warps=4))
+    assert vals[-2:] == [8, False] and options == (("num_warps", 4),)
+    assert _common.launch_values(plan, (x, x, 4), dict(BLOCK=8)) == (None, None)  # missing: Triton's error
+
+
+def test_kernels_the_shortcut_does_not_cover_take_the_jit_path():
+    """Annotated non-constexpr parameters (Triton's binder special-cases them), pre-run hooks and anything that
+    is not a plain JITFunction (an autotuner, the interpreter's function) get no plan."""
+    def annotated(x_ptr, n: tl.int64, BLOCK: tl.constexpr):
+        pass
+    assert _common._plan_of(_jit(annotated)) is _common._NO_PLAN
+    hooked = _jit()
+    hooked.add_pre_run_hook(lambda *a, **k: None)
+    assert _common._plan_of(hooked) is _common._NO_PLAN
+    tuned = triton.autotune([triton.Config({})], key=[])(_jit())
+    assert _common._plan_of(tuned) is _common._NO_PLAN
+
+
+def test_launch_on_gpu_matches_the_jit_path(device, monkeypatch):
+    """On CUDA: over aligned and misaligned pointers, strides of 1, 16 and others and element counts in every
+    class, each call through `launch` writes what the kernel launched through `kernel[grid]` writes, and a
+    second call of a specialisation seen before does not enter Triton's `JITFunction.run`."""
+    if not device.startswith("cuda"):
+        pytest.skip("the shortcut launches compiled CUDA kernels; elsewhere `launch` is kernel[grid]")
+    if _common.interpreting():
+        pytest.skip("TRITON_INTERPRET=1: kernels run in the interpreter, `launch` is kernel[grid]")
+    kernel = triton.jit(_scale_copy)
+    entered = []
+    run = JITFunction.run
+
+    def counted(self, *a, **k):
+        entered.append(1)
+        return run(self, *a, **k)
+    monkeypatch.setattr(JITFunction, "run", counted)
+    buf = torch.randn(4096, device=device)
+    for off_x, off_y, n, sx, sy in [(0, 0, 64, 1, 1), (1, 0, 64, 1, 1), (0, 3, 17, 16, 1), (5, 0, 1, 3, 16),
+                                   (0, 0, 200, 2, 3), (2, 2, 33, 1, 1)]:
+        for flag in (True, False):
+            x = buf[off_x:]
+            got = torch.full((4096,), float("nan"), device=device)
+            want = got.clone()
+            args = (x, got[off_y:], n, sx, sy, 0.5, flag)
+            grid = (triton.cdiv(n, 32),)
+            for _ in range(2):
+                before = len(entered)
+                _common.launch(kernel, grid, *args, BLOCK=32)
+            assert len(entered) == before, "a repeated specialisation went through JITFunction.run"
+            kernel[grid](x, want[off_y:], n, sx, sy, 0.5, flag, BLOCK=32)
+            torch.cuda.synchronize()
+            assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, off_y, n, sx, sy, flag)
