@@ -6,6 +6,8 @@
   channels of the last dim (group_size = hidden / n_groups in Mamba-2; None = the whole last dim):
     norm_before_gate=True:  rms(x) * weight * silu(z)
     norm_before_gate=False: rms(x * silu(z)) * weight        (HF Mamba2's MambaRMSNormGated)
+* `add_rms_norm`: a pre-norm layer's residual add and the next layer's RMSNorm:
+    h = residual + x;  y = rms_norm(h, weight)   (returns both: y and the new residual h)
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from reference._common import check_eps, check_float, check_same_device, silu
 from reference.validate import check_divides, check_same_dtype, fail
 
-__all__ = ["rms_norm", "gated_rms_norm"]
+__all__ = ["rms_norm", "gated_rms_norm", "add_rms_norm"]
 
 
 def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,3 +66,18 @@ def gated_rms_norm(x, weight, z=None, *, eps=1e-6, group_size=None, norm_before_
     if z is not None and norm_before_gate:
         y = y * silu(z)
     return y
+
+
+def add_rms_norm(x, residual, weight, *, eps=1e-6):
+    """Residual add, then RMSNorm of the sum: returns (rms_norm(residual + x, weight, eps), residual + x).
+
+    Args:
+        x, residual: (..., D), of one dtype. weight: (D,). eps: added to the mean square.
+    The inputs are left unchanged (the new residual is returned, not written into `residual`).
+    """
+    check_float("x", x)
+    check_float("residual", residual, shape=tuple(x.shape))
+    check_same_dtype(x=x, residual=residual)
+    check_same_device("x", x, residual=residual)
+    h = residual + x
+    return rms_norm(h, weight, eps), h

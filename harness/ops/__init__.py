@@ -33,7 +33,8 @@ Conventions for every op
   (the state pool included): an overlap is bad input, rejected first by every validator -- but for the ops
   engines run in place (the spec's `in_place`: the conv updates' x, as vLLM and SGLang write into it), where
   `out` may be that very tensor and the result is the out-of-place one, bit for bit.
-* Inputs are read-only: an op writes only its state pool (`*_states`, the named slots) and `out=`.
+* Inputs are read-only: an op writes only its state pool (`*_states`, the named slots; add_rms_norm's
+  `residual`, updated whole) and `out=`.
   Every other tensor argument (activations, dt, A, dt_bias, weights, indices, offsets, flags) is left
   bit-for-bit unchanged -- no in-place softplus, bias add, cast or reordering on the caller's tensors,
   which the caller may still read (a CUDA-graph replay reuses its static input buffers; a speculative

@@ -8,6 +8,13 @@ from harness.impls.registry import provides
 from harness.impls.torch._util import compute_dtype, emit, silu
 
 
+def rms_groups(xs: torch.Tensor, gs: int, eps: float) -> torch.Tensor:
+    """xs (T, D) normalised by the root mean square of each group of `gs` channels (in xs's dtype)."""
+    T, Dd = xs.shape
+    g = xs.reshape(T, Dd // gs, gs)
+    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).reshape(T, Dd)
+
+
 @provides("torch", "gated_rms_norm")
 def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=True, out=None):
     T, Dd, gs = C.validate_gated_rms_norm(x, weight, z, eps, group_size, out)
@@ -16,8 +23,7 @@ def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=
     zs = None if z is None else silu(z.to(cd))
     if zs is not None and not norm_before_gate:
         xs = xs * zs
-    g = xs.reshape(T, Dd // gs, gs)
-    y = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).reshape(T, Dd) * weight.to(cd)
+    y = rms_groups(xs, gs, eps) * weight.to(cd)
     if zs is not None and norm_before_gate:
         y = y * zs
     return emit(y, x, out)
