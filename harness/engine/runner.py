@@ -378,22 +378,31 @@ class EngineRunner:
         return self.impl.ops["gated_rms_norm"](engine_families.cast(x, self.dtype).contiguous(), w, None,
                                                eps=float(self.cfg.norm_eps))
 
+    def _add_rms(self, x, residual, w):
+        """residual += x (in the residual's dtype), then the RMSNorm of the sum in the engine dtype: one launch
+        (`add_rms_norm`) for the residual add of one block and the pre-norm of the next."""
+        return self.impl.ops["add_rms_norm"](engine_families.cast(x, self.dtype), residual, w,
+                                             eps=float(self.cfg.norm_eps))
+
     def forward(self, tokens: torch.Tensor, md) -> torch.Tensor:
         """Hidden states after the last layer's residual add, for the packed step tokens (T,)."""
+        # a fresh tensor (indexing copies): the residual adds below write it in place
         residual = self.embedding[tokens].to(self.residual_dtype)
+        n = len(self.backends)
+        h = self._rms(residual, self.norms[0]) if n else None
         for i, be in enumerate(self.backends):
-            h = self._rms(residual, self.norms[i])
             j = self.layer_index[i]
             if self.kinds[i] == "mixer":
                 out, conv, ssm = be(h, md, self.pool.conv(j), self.pool.recurrent(j))
             else:
-                out = be.forward(h, md, self.pool.kv, j)  # _rms gives the engine dtype
-            residual = self._add(residual, out)
+                out = be.forward(h, md, self.pool.kv, j)  # the norms give the engine dtype
             if self.mlps[i] is not None:
                 norm, mlp = self.mlps[i]
-                h = self._rms(residual, norm)
-                y = self.tp.all_reduce(mlp(h))
-                residual = self._add(residual, y)
+                out = self.tp.all_reduce(mlp(self._add_rms(out, residual, norm)))
+            if i + 1 < n:
+                h = self._add_rms(out, residual, self.norms[i + 1])
+            else:
+                residual = self._add(residual, out)
         return residual
 
     def _step(self, batch, results, started):

@@ -31,8 +31,9 @@ from reference.families import Registry
 __all__ = ["EngineFamily", "EngineMixer", "RUNNER_OPS", "register", "get", "names", "required_ops", "all_ops",
            "linear", "prefill_rows", "decode_rows", "cast"]
 
-# Ops the model runner calls for every family (the block and final RMSNorms).
-RUNNER_OPS = ("gated_rms_norm",)
+# Ops the model runner calls for every family: the first block's and the final RMSNorm, and each residual add
+# fused with the next norm.
+RUNNER_OPS = ("gated_rms_norm", "add_rms_norm")
 
 _REGISTRY = Registry(__name__, "engine family")
 
