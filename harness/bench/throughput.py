@@ -100,6 +100,15 @@ def _write_text(path: str, text: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+def short_paths(text: str) -> str:
+    """cProfile's file names without the machine's folders: ours relative to the repository (harness/...),
+    installed packages' from their package (triton/..., torch/...)."""
+    import re
+    from harness.env import REPO_ROOT
+    text = text.replace(REPO_ROOT.rstrip("/") + "/", "")
+    return re.sub(r"(?:/[^\s/]+)*/(?:site|dist)-packages/", "", text)
+
+
 def profile_decode(step, device, out_dir: str, tag: str, layers: int, steps: int = PROFILE_STEPS) -> list[str]:
     """Profile `steps` calls of the eager decode step `step` (after one untimed call) into `out_dir`:
     <tag>-decode-python.txt, cProfile's Python functions by own time, and <tag>-decode-ops.txt,
@@ -131,7 +140,7 @@ def profile_decode(step, device, out_dir: str, tag: str, layers: int, steps: int
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(40)
     paths = [os.path.join(out_dir, f"{tag}-decode-python.txt"), os.path.join(out_dir, f"{tag}-decode-ops.txt")]
     _write_text(paths[0], head + f"cProfile over {steps} steps (times are totals; divide by {steps} per step)\n"
-                + buf.getvalue())
+                + short_paths(buf.getvalue()))
     acts = [torch.profiler.ProfilerActivity.CPU]
     if str(device).startswith("cuda"):
         acts.append(torch.profiler.ProfilerActivity.CUDA)
