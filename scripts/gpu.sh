@@ -31,6 +31,7 @@
 #
 # Environment: PEERS_RESUME_FAILED=rerun makes a resumed peers step run again the peers' tests that failed on an
 # assertion (default skip: those verdicts are written-up findings; errors and crashes always run again);
+# PEERS_K a pytest -k expression narrowing the peers step (e.g. "fla": one peer's tests first; default every peer);
 # BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
 # SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
 # seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S); COMPUTE_SANITIZER the compute-sanitizer the replays
@@ -347,7 +348,7 @@ step_peers() {
   # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
   # is not importable would stop the run)
   timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ --ignore=suites/bench \
-    -k "mamba_ssm or causal_conv1d or fla or vllm or sglang" $PYTEST_COMMON -n "$WORKERS" \
+    -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$WORKERS" \
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
