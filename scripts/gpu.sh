@@ -330,7 +330,7 @@ step_throughput() {
     [ "$(left)" -lt 40 ] && { log "throughput: $preset skipped (budget spent)"; continue; }
     timeout "$(limit ${TP_S:-300})" python3 -m harness.cli bench throughput --device cuda --preset "$preset" --impl triton \
       --prefill 4096 --decode-batch 64 --reps 3 --warmup 1 --hf-new-tokens 4 --out "$LOGS/throughput.jsonl" \
-      --profile-decode "$LOGS/profile" \
+      --profile-decode "$LOGS/profile" --compare-launch \
       >> "$LOGS/throughput.txt" 2>&1 || rc=$?
     log "throughput: $preset exit $rc"
     place throughput throughput.jsonl

@@ -40,6 +40,9 @@ def add_throughput_args(p) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append timing records (JSONL) here")
+    p.add_argument("--compare-launch", action="store_true",
+                   help="also time the eager decode step with every Triton launch through Triton's own kernel[grid] "
+                        "path instead of the launch shortcut (record op model_decode_jit_launch; CUDA only)")
     p.add_argument("--profile-decode", default=None, metavar="DIR",
                    help="after the timings, profile 5 eager decode steps of the engine (not part of the timing) "
                         "into DIR: <family>-decode-python.txt (cProfile: the Python functions by own time, per "

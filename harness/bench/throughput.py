@@ -154,7 +154,7 @@ def profile_decode(step, device, out_dir: str, tag: str, layers: int, steps: int
 
 
 def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int,
-                      graphs: bool, emit, profile_dir: str | None = None):
+                      graphs: bool, emit, profile_dir: str | None = None, compare_launch: bool = False):
     from harness.bench.timing import Budget, measure
     from harness.engine.metadata import build_metadata
     from harness.engine.runner import EngineRunner
@@ -199,6 +199,13 @@ def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int
         emit(op="model_decode", tokens=batch, batch=batch, tok_s=batch / (st["ms_p50"] / 1e3), **st)
     if t.graph_error:  # record why capture failed
         emit(op="model_decode", tokens=batch, batch=batch, cuda_graph=True, error=t.graph_error[:500])
+    if compare_launch and not str(device).startswith("cuda"):
+        print("throughput: --compare-launch skipped (the launch shortcut is CUDA-only)", flush=True)
+    elif compare_launch:  # the same eager step with every Triton launch through kernel[grid]
+        from harness.impls.triton._common import jit_launches
+        with torch.inference_mode(), no_index_checks(), jit_launches():
+            st = measure([decode_fn], device, Budget(min_reps=reps, warmup=max(warmup, 2))).fields()
+        emit(op="model_decode_jit_launch", tokens=batch, batch=batch, tok_s=batch / (st["ms_p50"] / 1e3), **st)
     if profile_dir:
         with torch.inference_mode(), no_index_checks():
             for path in profile_decode(decode_fn, device, profile_dir, cfg.family, cfg.n_layer):
@@ -345,7 +352,7 @@ def run(args) -> int:
     params = device_params(cfg, device, dtype, args.seed)
     engine_throughput(cfg, params, impl, device, dtype, args.prefill, args.decode_batch, reps=args.reps,
                       warmup=args.warmup, graphs=not args.no_graphs, emit=emitter("engine", impl.name),
-                      profile_dir=profile_dir)
+                      profile_dir=profile_dir, compare_launch=args.compare_launch)
     del params
     import gc
     gc.collect()  # the runner holds a reference cycle (scheduler -> chunk_fn -> runner)

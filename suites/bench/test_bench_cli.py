@@ -302,7 +302,10 @@ def test_bench_throughput_profiles_the_decode_step(tmp_path, capsys):
             "--prefill", "8", "--decode-batch", "2", "--dtype", "float32", "--impl", "torch", "--reps", "2",
             "--warmup", "1", "--no-hf"]
     prof = tmp_path / "prof"
-    assert main(args + ["--profile-decode", str(prof), "--out", str(tmp_path / "tp.jsonl")]) == 0
+    assert main(args + ["--profile-decode", str(prof), "--compare-launch", "--out", str(tmp_path / "tp.jsonl")]) == 0
+    # the launch comparison is CUDA-only: skipped with the reason on the CPU
+    assert "--compare-launch skipped (the launch shortcut is CUDA-only)" in capsys.readouterr().out
+    assert not [r for r in read_records(str(tmp_path / "tp.jsonl")) if r.get("op") == "model_decode_jit_launch"]
     py, ops = (prof / "mamba2-decode-python.txt").read_text(), (prof / "mamba2-decode-ops.txt").read_text()
     for text in (py, ops):
         assert text.startswith("mamba2: eager decode step, 2 layers: host ") and " us per layer" in text

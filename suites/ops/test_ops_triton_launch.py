@@ -116,3 +116,18 @@ def test_launch_on_gpu_matches_the_jit_path(device, monkeypatch):
             kernel[grid](x, want[off_y:], n, sx, sy, 0.5, flag, BLOCK=32)
             torch.cuda.synchronize()
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, off_y, n, sx, sy, flag)
+
+
+def test_jit_launches_turns_the_shortcut_off_and_back():
+    """`jit_launches()` (the throughput bench's --compare-launch) sends every launch through kernel[grid] inside
+    and restores the setting after, also when the body raises."""
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: ("kernel[grid]", grid, a, k)
+    before = _common._SHORTCUT
+    with pytest.raises(KeyError):
+        with _common.jit_launches():
+            assert _common._SHORTCUT is False
+            assert _common.launch(Kernel(), (3,), 1, BLOCK=2) == ("kernel[grid]", (3,), (1,), {"BLOCK": 2})
+            raise KeyError("body")
+    assert _common._SHORTCUT is before

@@ -335,6 +335,18 @@ _NO_PLAN = object()
 _MAX_KEYS = 512  # per kernel; beyond it the table starts over (a prefill's token counts are values of the key)
 
 
+@contextlib.contextmanager
+def jit_launches():
+    """Inside, every `launch` takes `kernel[grid]` (Triton's own per-call path): for timing the shortcut against
+    it in one run (`harness bench throughput --compare-launch`)."""
+    global _SHORTCUT
+    before, _SHORTCUT = _SHORTCUT, False
+    try:
+        yield
+    finally:
+        _SHORTCUT = before
+
+
 class _Plan:
     """What `launch` needs of one kernel, read once: its parameters in order, the names of its non-constexpr
     ones, and per key the compiled kernel with the values of the parameters after the positional ones."""
