@@ -11,6 +11,8 @@ layout work done once outside the timed call, as the peers' own benchmarks do:
   selective_state_update mamba_ssm.native       mamba_ssm's Triton selective_state_update (stride-0 views for Mamba-2)
   ssd_varlen             mamba_ssm.native       mamba_ssm's Triton mamba_chunk_scan_combined, batch 1
   gated_rms_norm         mamba_ssm.native       mamba_ssm's Triton rmsnorm_fn
+  add_rms_norm           mamba_ssm.native       mamba_ssm's Triton rms_norm_fn with residual=, prenorm=True (the sum
+                                                returned as a new tensor, not written over the residual)
   gated_delta_rule_varlen fla.native            fla chunk_gated_delta_rule, (1, T, H, D), cu_seqlens, dense fp32 h0
   kda_varlen             fla.native             fla chunk_kda, likewise
   gated_delta_rule_update fla.native            fla fused_recurrent_gated_delta_rule, one token of each of B rows
@@ -118,6 +120,16 @@ def mamba_ssm_norm(inp):
     x, w, z = inp["x"], inp["weight"], inp["z"]
     eps, gs, nbg = inp.get("eps", 1e-6), inp.get("group_size"), bool(inp.get("norm_before_gate", True))
     return lambda: fn(x, w, None, z=z, eps=eps, group_size=gs, norm_before_gate=nbg)
+
+
+@register_benchmark(op="add_rms_norm", impl="mamba_ssm.native",
+                    available=_needs("mamba_ssm.ops.triton.layer_norm"), **NATIVE)
+def mamba_ssm_add_norm(inp):
+    import torch
+    fn = _peer("mamba_ssm.ops.triton.layer_norm", "rms_norm_fn")
+    x, r, w = inp["x"], inp["residual"], inp["weight"]
+    eps, fp32 = inp.get("eps", 1e-6), r.dtype == torch.float32
+    return lambda: fn(x, w, None, residual=r, eps=eps, prenorm=True, residual_in_fp32=fp32)
 
 
 def _fla_varlen(module: str, attr: str):

@@ -11,6 +11,10 @@ Impl `mamba_ssm` (its Triton ops, importable from source with a placeholder `sel
   row) -> NotImplementedError; the peer has no pad ids: pad requests are computed with the others, their
   slots are not written and their tokens' y is set to 0 here.
 * gated_rms_norm <- mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn.
+* add_rms_norm <- mamba_ssm.ops.triton.layer_norm.rms_norm_fn with residual=, prenorm=True (the fused add + norm
+  of mamba_ssm's Block); residual_in_fp32 for a float32 residual. It returns the sum as a new tensor (copied into
+  the residual here) and normalises the float32 sum itself, where the contract normalises the sum rounded to x's
+  dtype (as transformers' blocks do): one rounding of a half x apart. A residual in another dtype is declined.
 Impl `mamba_ssm_cuda` (needs the compiled `selective_scan_cuda`):
 * selective_scan_varlen <- mamba_ssm.ops.selective_scan_interface.selective_scan_fn, one call per
   live sequence (it has no varlen mode). Not supported: has_initial_state (2.3.2 takes no initial
@@ -34,6 +38,7 @@ SOURCE = PeerSdist("mamba-ssm==2.3.2.post1")
 _SSU = "mamba_ssm.ops.triton.selective_state_update"
 _SSD = "mamba_ssm.ops.triton.ssd_combined"
 _NORM = "mamba_ssm.ops.triton.layernorm_gated"
+_LN = "mamba_ssm.ops.triton.layer_norm"
 _SCAN = "mamba_ssm.ops.selective_scan_interface"
 
 
@@ -114,6 +119,20 @@ def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=
     return _emit(y, out)
 
 
+def add_rms_norm(x, residual, weight, *, eps=1e-6, out=None):
+    T, _ = C.validate_add_rms_norm(x, residual, weight, eps, out)
+    if residual.dtype not in (torch.float32, x.dtype):
+        raise NotImplementedError("mamba_ssm rms_norm_fn: a residual in float32 (residual_in_fp32) or in x's dtype "
+                                  "only")
+    if T == 0:
+        return out if out is not None else torch.empty_like(x)
+    fn = import_peer(_LN).rms_norm_fn
+    y, res = fn(x, weight, None, residual=residual, eps=eps, prenorm=True,
+                residual_in_fp32=residual.dtype == torch.float32)
+    residual.copy_(res)  # it returns the sum in a new tensor; the contract updates the residual in place
+    return _emit(y, out)
+
+
 def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
                           has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, Dm, N, G, S = C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states,
@@ -154,9 +173,10 @@ def _cuda_scan_unavailable():
 register(Impl(name="mamba_ssm", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32",  # the chunked SSD's tl.dot runs fp32 inputs in TF32
               ops={"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
-                   "gated_rms_norm": gated_rms_norm},
-              unavailable=lambda: unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM),
-              description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm)"))
+                   "gated_rms_norm": gated_rms_norm, "add_rms_norm": add_rms_norm},
+              unavailable=lambda: unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM, _LN),
+              description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm, fused "
+                          "residual add + RMSNorm)"))
 register(Impl(name="mamba_ssm_cuda", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
               ops={"selective_scan_varlen": selective_scan_varlen}, unavailable=_cuda_scan_unavailable,
               # selective_scan_fn's CUDA kernel walks a sequence in chunks of 2048 tokens, carrying the state
