@@ -135,7 +135,7 @@ def test_peer_native_backends_are_declared():
     from harness.bench.registry import BENCHMARKS
     natives = {(b.op, b.impl.split(".")[0]): b for b in BENCHMARKS.values() if b.impl.endswith(".native")}
     mamba_ops = {"selective_scan_varlen", "causal_conv1d_varlen", "causal_conv1d_update", "selective_state_update",
-                 "ssd_varlen", "gated_rms_norm"}
+                 "ssd_varlen", "gated_rms_norm", "add_rms_norm"}
     delta_ops = {"gated_delta_rule_varlen", "gated_delta_rule_update", "kda_varlen", "kda_update"}
     assert {op for op, peer in natives if peer != "fla"} == mamba_ops and mamba_ops <= set(peer_ops())
     assert {op for op, peer in natives if peer == "fla"} == delta_ops and delta_ops <= set(peer_ops())
