@@ -319,7 +319,8 @@ def unit_stride(*ids):
 # same key hand the arguments to that compiled kernel's launcher directly. The key is finer than Triton's
 # specialisation, never coarser: every positional argument contributes its type; a tensor its dtype and whether
 # its address is 16-byte aligned (all Triton specialises a pointer on), any other argument its value; constexprs
-# and launch options come by keyword and contribute their values (suites/ops/test_ops_triton_launch.py checks the key against Triton's binder).
+# and launch options come by keyword and contribute their values (suites/ops/test_ops_triton_launch.py checks the
+# key against Triton's binder).
 # Any case the shortcut does not cover runs `kernel[grid]`: the interpreter, a non-CUDA backend, launch hooks
 # (profilers) installed, a callable grid, an autotuned, hooked or annotated kernel, a non-constexpr parameter
 # given by keyword, an unhashable argument. HARNESS_TRITON_LAUNCH=jit turns the shortcut off.
@@ -403,9 +404,11 @@ def launch(kernel, grid, *args, **kw):
         return kernel[grid](*args, **kw)
     device = _driver.active.get_current_device()
     cuda = plan.backends.get(device)
+    if cuda is False:  # another backend on this device
+        return kernel[grid](*args, **kw)
     try:
         key = (device, launch_key(args, kw))
-        hit = plan.compiled.get(key) if cuda else None
+        hit = plan.compiled.get(key)
     except TypeError:  # an unhashable argument
         return kernel[grid](*args, **kw)
     if hit is None:
