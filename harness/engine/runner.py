@@ -51,8 +51,13 @@ accepted drafts plus one token (their logits in ``step_logits``, one row per emi
 lists (step, drafts, accepted)). The next step starts from the slot of the last accepted position. Snapshots of
 a speculative decode entry are taken after verification, at the block positions the accepted tokens reach
 (mode ``all``; mode ``align``: the accepted end on a block boundary), each from its position's slot;
-``record_states`` records every accepted position. Families whose engine mixer has no speculative decode path
-(Gated DeltaNet, KDA) raise NotImplementedError.
+``record_states`` records every accepted position. A family whose engine mixer has no speculative decode path
+raises NotImplementedError.
+
+Index checks: with an implementation that does not read device values on the host (`Impl.reads_host` False:
+ours), the step's slot ids are checked once on the host (`_check_slots`) and the layers run inside
+`harness.ops.no_index_checks()`, so an eager step makes no device-to-host read per op call; the peers'
+adapters, which read slot ids to decline what they cannot run, keep every op call's checks.
 
 Free slots are NaN-filled at start and whenever a request finishes (``poison_free_slots``), so an op
 that reads a slot it was told not to (``has_initial_state`` False, pad rows) produces NaN.
@@ -75,6 +80,7 @@ from harness.engine.families._delta import make_mlp
 from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
 from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
+from harness.ops import no_index_checks
 from reference.cache import check_block_size, check_cache_mode, snapshot_positions
 from reference.validate import fail
 
@@ -378,6 +384,16 @@ class EngineRunner:
         return self.impl.ops["gated_rms_norm"](engine_families.cast(x, self.dtype).contiguous(), w, None,
                                                eps=float(self.cfg.norm_eps))
 
+    def _check_slots(self, entries) -> None:
+        """The checks the ops' index checks would make of this step's metadata, on the host ints it is built
+        from: every slot id (a speculative entry's slot group too) names a pool slot or is the pad id. The rest
+        of the metadata (offsets, flags) is correct by construction (`build_metadata` checks its entries)."""
+        n = self.pool.num_slots
+        for i, e in enumerate(entries):
+            for s in (e.slot, *(getattr(e, "spec_slots", None) or ())):
+                if s != PAD_SLOT_ID and not 0 <= s < n:
+                    fail(f"batch[{i}].slot", f"a slot of the pool (0..{n - 1}) or PAD_SLOT_ID={PAD_SLOT_ID}", s)
+
     def _add_rms(self, x, residual, w):
         """residual += x (in the residual's dtype), then the RMSNorm of the sum in the engine dtype: one launch
         (`add_rms_norm`) for the residual add of one block and the pre-norm of the next."""
@@ -420,7 +436,12 @@ class EngineRunner:
         if kv is not None:
             for e in entries:
                 kv.reserve(e.slot, e.end)
-        residual = self.forward(tokens, md)
+        if getattr(self.impl, "reads_host", True):
+            residual = self.forward(tokens, md)
+        else:  # the step's slot ids checked here, once, on the host: no device-to-host read per op call
+            self._check_slots(all_entries)
+            with no_index_checks():
+                residual = self.forward(tokens, md)
         if kv is not None:
             for e in entries:
                 kv.set_length(e.slot, e.end)

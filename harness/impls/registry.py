@@ -60,6 +60,11 @@ class Impl:
     # How the implementation multiplies fp32 inputs on the GPU: "ieee", or "tf32" (10-bit mantissa, like
     # fp16's): the checks then judge its fp32 results at the fp16 tolerance and say so.
     fp32_matmul: str = "ieee"
+    # True where the implementation reads slot ids or values on the host to decline what it cannot run (the
+    # peers' adapters: `harness.impls.adapters.host_reads_ok`). The engine then keeps every op call's host-side
+    # index checks; for the others it checks the step's slot ids once on the host and runs the layers inside
+    # `harness.ops.no_index_checks()` (no device-to-host read per op call).
+    reads_host: bool = False
     # Returns None when usable, else the reason it is not (e.g. "package mamba_ssm not importable").
     unavailable: Callable[[], str | None] = field(default=lambda: None)
     # Internal token tiles per op: op name -> the token lengths across which the implementation carries

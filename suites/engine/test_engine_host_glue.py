@@ -80,3 +80,33 @@ def test_decode_step_glue_is_within_budget(family, device):
     n = sum(glue.values())
     assert n <= BUDGET[family], (f"{family}: a decode step makes {n} aten calls outside the ops (budget "
                                  f"{BUDGET[family]}): {dict(Counter(glue).most_common())}")
+
+
+@pytest.mark.parametrize("reads_host", [False, True])
+def test_engine_checks_slot_ids_once_per_step(monkeypatch, reads_host):
+    """With an implementation that reads nothing on the host (ours), an engine step checks its slot ids once on
+    the host and the ops make no device-to-host read of indices (`no_index_checks()` around the layers); an
+    implementation that reads slot ids to decline cases (`Impl.reads_host`, the peers' adapters) keeps every
+    op call's checks. Either way the requests' tokens are the same."""
+    from dataclasses import replace
+    from harness.engine import Request
+    from harness.ops import _checks
+    reads = []
+    real = _checks.read_host
+    monkeypatch.setattr(_checks, "read_host", lambda *t: reads.append(len(t)) or real(*t))
+    cfg = tiny_config("mamba2", n_layer=2)
+    impl = replace(get("torch"), name="torch-host", reads_host=True) if reads_host else get("torch")
+    runner = EngineRunner((cfg, random_params(cfg, 0)), impl, num_slots=2, token_budget=8, dtype=torch.float64)
+    out = runner.run([Request("a", [1, 2, 3, 4, 5], max_new_tokens=3), Request("b", [6, 7], max_new_tokens=3)])
+    assert bool(reads) == reads_host, f"{len(reads)} host reads of indices in the ops"
+    assert [len(out[k].tokens) for k in "ab"] == [3, 3]
+
+
+def test_engine_step_rejects_a_slot_outside_the_pool():
+    """The per-step check names the entry, the pool's slots and the slot it got, before anything runs."""
+    cfg = tiny_config("mamba2", n_layer=1)
+    runner = EngineRunner((cfg, random_params(cfg, 0)), get("torch"), num_slots=2, token_budget=8,
+                          dtype=torch.float64)
+    runner._check_slots([BatchEntry(0, 1, 0, 1, True), BatchEntry(1, -1, 0, 1, True)])
+    with pytest.raises(ValueError, match=r"batch\[1\]\.slot.*0\.\.1.*got.*2"):
+        runner._check_slots([BatchEntry(0, 1, 0, 1, True), BatchEntry(1, 2, 0, 1, True)])

@@ -81,7 +81,8 @@ def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, ac
     return y
 
 
-register(Impl(name="causal_conv1d", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+register(Impl(name="causal_conv1d", reads_host=True,
+              devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
               ops={"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": causal_conv1d_update},
               unavailable=lambda: unavailable_reason("causal_conv1d", "causal_conv1d"),
               description="causal-conv1d CUDA kernels (per-sequence calls for varlen)"))

@@ -173,7 +173,7 @@ def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices
     return y
 
 
-register(Impl(name="fla", devices=("cuda",),
+register(Impl(name="fla", reads_host=True, devices=("cuda",),
               ops={"gated_delta_rule_varlen": gated_delta_rule_varlen,
                    "gated_delta_rule_update": gated_delta_rule_update,
                    "kda_varlen": kda_varlen, "kda_update": kda_update, "kda_update_spec": kda_update_spec},

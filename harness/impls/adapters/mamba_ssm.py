@@ -170,14 +170,16 @@ def _cuda_scan_unavailable():
     return None
 
 
-register(Impl(name="mamba_ssm", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+register(Impl(name="mamba_ssm", reads_host=True,
+              devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32",  # the chunked SSD's tl.dot runs fp32 inputs in TF32
               ops={"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
                    "gated_rms_norm": gated_rms_norm, "add_rms_norm": add_rms_norm},
               unavailable=lambda: unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM, _LN),
               description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm, fused "
                           "residual add + RMSNorm)"))
-register(Impl(name="mamba_ssm_cuda", devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+register(Impl(name="mamba_ssm_cuda", reads_host=True,
+              devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
               ops={"selective_scan_varlen": selective_scan_varlen}, unavailable=_cuda_scan_unavailable,
               # selective_scan_fn's CUDA kernel walks a sequence in chunks of 2048 tokens, carrying the state
               tiles={"selective_scan_varlen": (2048,)},

@@ -620,7 +620,7 @@ OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": cau
        "gated_delta_rule_update_spec": gated_delta_rule_update_spec, "kda_varlen": kda_varlen,
        "kda_update": kda_update, "selective_scan_varlen": selective_scan_varlen}
 
-register(Impl(name="sglang", devices=("cuda",), ops=OPS,
+register(Impl(name="sglang", reads_host=True, devices=("cuda",), ops=OPS,
               dtypes=(torch.float32, torch.float16, torch.bfloat16), fp32_matmul="tf32",
               unavailable=lambda: unavailable_reason("sglang", *MODULES),
               description="SGLang 0.5.23 Triton kernels (causal conv, SSU, GDN decode and their speculative-verify "
@@ -629,7 +629,8 @@ register(Impl(name="sglang", devices=("cuda",), ops=OPS,
 # SGLang's Mamba-1 prefill alone, which is PyTorch and runs anywhere: not registered (the `sglang` Impl has it
 # on CUDA); for the CPU run of its op suite:
 #   pytest suites/ops/test_ops_selective_scan.py --device cpu --impl harness.impls.adapters.sglang:MAMBA1
-MAMBA1 = Impl(name="sglang-mamba1", devices=("cpu", "cuda"), ops={"selective_scan_varlen": selective_scan_varlen},
+MAMBA1 = Impl(name="sglang-mamba1", reads_host=True,
+              devices=("cpu", "cuda"), ops={"selective_scan_varlen": selective_scan_varlen},
               dtypes=(torch.float32, torch.float16, torch.bfloat16),
               unavailable=lambda: unavailable_reason("sglang", _M1),
               description="SGLang 0.5.23 Mamba-1 prefill (MambaMixer1._selective_scan, a PyTorch loop over tokens)")

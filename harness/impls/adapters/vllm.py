@@ -599,7 +599,7 @@ def _unavailable():
     return unavailable_reason("vllm (or its extracted kernels: python scripts/peers_fetch.py vllm)", *_MODULES)
 
 
-register(Impl(name="vllm", devices=("cuda", "cpu"),
+register(Impl(name="vllm", reads_host=True, devices=("cuda", "cpu"),
               ops={k: f for k, f in OPS.items() if not (interpreting() and k in INTERPRETER_LIMITS)},
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32", unavailable=_unavailable,
