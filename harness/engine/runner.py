@@ -55,7 +55,7 @@ a speculative decode entry are taken after verification, at the block positions 
 raises NotImplementedError.
 
 Index checks: with an implementation that does not read device values on the host (`Impl.reads_host` False:
-ours), the step's slot ids are checked once on the host (`_check_slots`) and the layers run inside
+ours), the step's offsets and slot ids are checked in one host read (`_check_metadata`) and the layers run inside
 `harness.ops.no_index_checks()`, so an eager step makes no device-to-host read per op call; the peers'
 adapters, which read slot ids to decline what they cannot run, keep every op call's checks.
 
@@ -82,7 +82,7 @@ from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
 from harness.ops import no_index_checks
 from reference.cache import check_block_size, check_cache_mode, snapshot_positions
-from reference.validate import fail
+from reference.validate import check_offsets, fail
 
 __all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
 
@@ -384,15 +384,21 @@ class EngineRunner:
         return self.impl.ops["gated_rms_norm"](engine_families.cast(x, self.dtype).contiguous(), w, None,
                                                eps=float(self.cfg.norm_eps))
 
-    def _check_slots(self, entries) -> None:
-        """The checks the ops' index checks would make of this step's metadata, on the host ints it is built
-        from: every slot id (a speculative entry's slot group too) names a pool slot or is the pad id. The rest
-        of the metadata (offsets, flags) is correct by construction (`build_metadata` checks its entries)."""
+    def _check_metadata(self, md, num_tokens: int) -> list:
+        """The index checks the ops would make of this step's metadata, once, from one device-to-host read (the
+        step reads the offsets anyway): query_start_loc [0, ..., T] non-decreasing, every slot id (the
+        speculative slot table's too) a slot of the pool or the pad id. Returns query_start_loc's values."""
+        parts = [md.query_start_loc, md.state_indices]
+        if md.spec_state_indices is not None:
+            parts.append(md.spec_state_indices.reshape(-1))
+        values = torch.cat([t.to(torch.int64) for t in parts]).tolist()
+        qsl, ids = values[:md.query_start_loc.shape[0]], values[md.query_start_loc.shape[0]:]
+        check_offsets("query_start_loc", qsl, num_tokens)
         n = self.pool.num_slots
-        for i, e in enumerate(entries):
-            for s in (e.slot, *(getattr(e, "spec_slots", None) or ())):
-                if s != PAD_SLOT_ID and not 0 <= s < n:
-                    fail(f"batch[{i}].slot", f"a slot of the pool (0..{n - 1}) or PAD_SLOT_ID={PAD_SLOT_ID}", s)
+        bad = next((s for s in ids if s != PAD_SLOT_ID and not 0 <= s < n), None)
+        if bad is not None:
+            fail("state_indices", f"slots of the pool (0..{n - 1}) or PAD_SLOT_ID={PAD_SLOT_ID}", bad)
+        return qsl
 
     def _add_rms(self, x, residual, w):
         """residual += x (in the residual's dtype), then the RMSNorm of the sum in the engine dtype: one launch
@@ -438,14 +444,14 @@ class EngineRunner:
                 kv.reserve(e.slot, e.end)
         if getattr(self.impl, "reads_host", True):
             residual = self.forward(tokens, md)
-        else:  # the step's slot ids checked here, once, on the host: no device-to-host read per op call
-            self._check_slots(all_entries)
+            qsl = md.query_start_loc.tolist()
+        else:  # the step's offsets and slot ids checked here, in one read: none per op call
+            qsl = self._check_metadata(md, tokens.shape[0])
             with no_index_checks():
                 residual = self.forward(tokens, md)
         if kv is not None:
             for e in entries:
                 kv.set_length(e.slot, e.end)
-        qsl = md.query_start_loc.tolist()
         # logits rows: a sampling entry's last position; every position of a speculative decode entry
         spans, rows = {}, []
         for i, e in enumerate(entries):

@@ -102,11 +102,17 @@ def test_engine_checks_slot_ids_once_per_step(monkeypatch, reads_host):
     assert [len(out[k].tokens) for k in "ab"] == [3, 3]
 
 
-def test_engine_step_rejects_a_slot_outside_the_pool():
-    """The per-step check names the entry, the pool's slots and the slot it got, before anything runs."""
+def test_engine_step_rejects_metadata_outside_the_pool():
+    """The per-step check reads the metadata the layers will get (a patched builder's too) and names what is
+    wrong before anything runs: a slot id outside the pool, offsets that do not end at the token count."""
+    from dataclasses import replace
     cfg = tiny_config("mamba2", n_layer=1)
     runner = EngineRunner((cfg, random_params(cfg, 0)), get("torch"), num_slots=2, token_budget=8,
                           dtype=torch.float64)
-    runner._check_slots([BatchEntry(0, 1, 0, 1, True), BatchEntry(1, -1, 0, 1, True)])
-    with pytest.raises(ValueError, match=r"batch\[1\]\.slot.*0\.\.1.*got.*2"):
-        runner._check_slots([BatchEntry(0, 1, 0, 1, True), BatchEntry(1, 2, 0, 1, True)])
+    md = build_metadata([BatchEntry(0, 1, 0, 1, True), BatchEntry(1, -1, 0, 1, True)], chunk_size=runner.chunk_size,
+                        device="cpu")
+    assert runner._check_metadata(md, 2) == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"state_indices.*0\.\.1.*got.*2"):
+        runner._check_metadata(replace(md, state_indices=torch.tensor([1, 2], dtype=torch.int32)), 2)
+    with pytest.raises(ValueError, match=r"query_start_loc.*end at the token count 3"):
+        runner._check_metadata(md, 3)
