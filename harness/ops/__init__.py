@@ -45,7 +45,8 @@ Conventions for every op
 * Bad input — wrong dtypes or layouts, indices outside the pool, query_start_loc inconsistent with
   the token count — raises ValueError (argument, expected, got) *before* any kernel launches: call
   the `validate_<op>` function of this module first. Index range checks read the indices on the
-  host; inside `no_index_checks()` (e.g. CUDA-graph capture) they are skipped.
+  host; inside `no_index_checks()` (CUDA-graph capture, the benchmark loops, an engine step whose
+  metadata the engine checked once for the whole step) they are skipped.
 
 Ops
 ---
