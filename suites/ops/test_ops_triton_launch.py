@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
+from hypothesis import given, strategies as st
 import triton.language as tl
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
@@ -61,6 +62,57 @@ def test_equal_keys_have_equal_triton_specialisations(dns):
         key = _common.launch_key(args, kw)
         assert seen.setdefault(key, want) == want, (args[2:], kw)
     assert len(set(map(repr, seen.values()))) >= (8 if "n" not in dns else 5)
+
+
+_SCALARS = st.one_of(st.integers(-2 ** 40, 2 ** 40), st.sampled_from([0, 1, 16, 2 ** 31 - 1, 2 ** 31, -2 ** 31]),
+                    st.booleans(), st.floats(-4.0, 4.0, allow_nan=False), st.none())
+_BUFS = {dt: torch.zeros(64, dtype=dt) for dt in (torch.float32, torch.float16, torch.int32)}
+
+
+def _twins(v):
+    """Values a key could confuse with `v`: equal in Python but of another type (True and 1, 0.0 and 0), the
+    next integer class, or the same tensor one element along (16-byte alignment) or of another dtype."""
+    if isinstance(v, torch.Tensor):
+        return [v[1:], v[4:], _BUFS[torch.float16][:v.numel()], _BUFS[torch.int32][:v.numel()]]
+    if v is None:
+        return [0, False]
+    out = [int(v), float(v), bool(v)] if not isinstance(v, float) or v.is_integer() else [v + 1.0]
+    return out + ([v + 1, v * 16, v + 2 ** 31] if type(v) is int else [])
+
+
+@st.composite
+def _twin_calls(draw):
+    """A call of `_scale_copy` (tensors at aligned or misaligned offsets, any scalars) and variants of it with
+    one argument replaced by a twin (`_twins`) or a launch option changed."""
+    def tensor():
+        return _BUFS[draw(st.sampled_from(list(_BUFS)))][draw(st.integers(0, 9)):]
+    base = [tensor(), tensor(), *(draw(_SCALARS) for _ in range(5))]
+    kw = dict(BLOCK=draw(st.sampled_from([16, 32])))
+    calls = [(tuple(base), kw)]
+    for _ in range(draw(st.integers(1, 8))):
+        args, k = list(base), dict(kw)
+        pos = draw(st.integers(0, len(args)))
+        if pos == len(args):
+            k[draw(st.sampled_from(["NEG", "num_warps"]))] = draw(st.sampled_from([True, 1, 4]))
+        else:
+            args[pos] = draw(st.sampled_from(_twins(args[pos])))
+        calls.append((tuple(args), k))
+    return calls
+
+
+@given(calls=_twin_calls())
+def test_equal_keys_have_equal_specialisations_for_any_calls(calls):
+    """Property: for a call and its near twins (an argument equal in Python but of another type, the next
+    integer class, a pointer one element along, another dtype, other options), calls with the same key have the
+    same specialisation and options in Triton's binder."""
+    from triton.backends.compiler import BaseBackend
+    kernel = _jit()
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    seen = {}
+    for args, kw in calls:
+        _, spec, options = binder(*args, **kw)
+        want = (repr(spec), sorted(options.items()))
+        assert seen.setdefault(_common.launch_key(args, kw), want) == want, (args[2:], kw)
 
 
 def test_values_fill_defaults_and_split_options():
