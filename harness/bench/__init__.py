@@ -13,7 +13,8 @@ Declare, don't edit a table (see harness.bench.registry):
         return flops_of(case.shape) / (ms * 1e-3) / 1e12
 
 Every implementation in harness.impls.registry that provides an op is benchmarked automatically; the
-peers' own kernels are decorated backends (harness.bench.peers).
+peers' own kernels are decorated backends (harness.bench.peers), and so are variants of ours timed only when
+named with --impl (harness.bench.variants: `triton.jit_launch`, our Triton ops through Triton's own launch path).
 Run with `harness bench` (records to JSONL) or `pytest suites/bench --benchmark-json=...`; the other
 benchmarks are its subcommands: `peers`, `sweep` (launch configurations, harness.bench.sweep),
 `throughput` (model tok/s, harness.bench.throughput) and `loader` (harness.bench.loader). All of them

@@ -68,6 +68,7 @@ class Benchmark:
     peer: bool = False
     available: Callable = field(default=lambda: None)  # -> None | reason
     auto: bool = False                  # derived from the impl registry
+    by_default: bool = True             # False: timed only when its implementation is asked for by name (--impl)
 
     @property
     def id(self) -> str:
@@ -106,13 +107,13 @@ def register_inputs(op: str, *, shapes: dict, tokens: Callable, dtypes: dict | N
 
 def register_benchmark(op: str, impl: str | None = None, *, shapes: dict | None = None,
                        devices: tuple = ("cpu", "cuda", "xpu"), peer: bool | None = None,
-                       available: Callable | None = None):
+                       available: Callable | None = None, by_default: bool = True):
     """Declare a backend of `op` named `impl` (default: the function's name)."""
     def deco(fn):
         name = impl or fn.__name__
         BENCHMARKS[f"{op}/{name}"] = Benchmark(op=op, impl=name, fn=fn, devices=tuple(devices), shapes=shapes,
                                                peer=(name not in OURS) if peer is None else peer,
-                                               available=available or (lambda: None))
+                                               available=available or (lambda: None), by_default=by_default)
         return fn
     return deco
 
@@ -140,7 +141,7 @@ def benchmarks_for(device: str, impls: list | None = None, ops: list | None = No
     Returns (benchmarks, skipped) where `skipped` are human-readable reasons.
     `impls`: restrict to these implementation names; `ops`: restrict to these ops.
     """
-    from harness.bench import ops as _, peers as _p  # noqa: F401 - registers the built-in inputs and backends
+    from harness.bench import ops as _, peers as _p, variants as _v  # noqa: F401 - the built-in inputs and backends
     from harness.impls.registry import all_impls
 
     out: dict[str, Benchmark] = {}
@@ -172,6 +173,9 @@ def benchmarks_for(device: str, impls: list | None = None, ops: list | None = No
         if not b.runs_on(device):
             skipped.append(f"{bid}: runs on {', '.join(b.devices)} only")
             continue
+        if not b.by_default and not (impls and b.impl in impls):
+            skipped.append(f"{bid}: timed only when asked for (--impl {b.impl})")
+            continue
         why = b.available()
         if why:
             skipped.append(f"{bid}: {why}")
@@ -189,7 +193,7 @@ class UnknownName(ValueError):
 def known_names() -> tuple[list[str], list[str]]:
     """(op names, implementation names) the benchmarks know: every declared input set, every registered
     implementation and every decorated backend."""
-    from harness.bench import ops as _, peers as _p  # noqa: F401
+    from harness.bench import ops as _, peers as _p, variants as _v  # noqa: F401
     from harness.impls.registry import all_impls
     return list(OP_INPUTS), sorted(set(all_impls()) | {b.impl for b in BENCHMARKS.values()})
 

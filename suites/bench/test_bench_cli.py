@@ -142,6 +142,21 @@ def test_peer_native_backends_are_declared():
     assert all(b.peer and b.devices == ("cuda",) for b in natives.values())
 
 
+def test_jit_launch_variant_is_timed_only_when_asked_for():
+    """`triton.jit_launch` (our Triton ops through Triton's own launch path) covers every Triton op, is ours,
+    runs on CUDA only, and is left out unless named with --impl (then it is timed beside `triton`)."""
+    from harness.bench.registry import BENCHMARKS, benchmarks_for
+    from harness.impls.registry import get
+    variants = {b.op: b for b in BENCHMARKS.values() if b.impl == "triton.jit_launch"}
+    assert set(variants) == set(get("triton").ops)
+    assert all(not b.peer and b.devices == ("cuda",) and not b.by_default for b in variants.values())
+    timed, skipped = benchmarks_for("cuda", ops=["add_rms_norm"])
+    assert not [b for b in timed if b.impl == "triton.jit_launch"]
+    assert "add_rms_norm/triton.jit_launch: timed only when asked for (--impl triton.jit_launch)" in skipped
+    timed, _ = benchmarks_for("cuda", impls=["triton.jit_launch"], ops=["add_rms_norm"])
+    assert [b.impl for b in timed] == ["triton.jit_launch"]
+
+
 def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device):
     """`harness bench sweep` times the starting configuration and the candidates at the op's shapes for the
     device of the pytest run (the CPU's under the interpreter),
