@@ -107,10 +107,13 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
             pytest.skip("no CUDA device")
     """))
     out = tmp_path / "o.jsonl"
+    import time
+    start = time.time()
     r = _pytest(["--device", "cpu", "-q", "-n", "2", "--outcomes", str(out), str(tmp_path)], cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     lines = {json.loads(x)["nodeid"].split("::")[-1]: json.loads(x) for x in out.read_text().splitlines()}
     assert set(lines) == {"test_ok", "test_bad", "test_skip"}, lines
+    assert all(start - 1 <= x["at"] <= time.time() + 1 for x in lines.values()), lines  # when each was written
     assert lines["test_ok"]["outcome"] == "passed"
     assert lines["test_bad"]["outcome"] == "failed" and "no attribute 'shape'" in lines["test_bad"]["why"]
     assert lines["test_skip"]["outcome"] == "skipped" and "no CUDA device" in lines["test_skip"]["why"]

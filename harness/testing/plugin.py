@@ -9,7 +9,7 @@ Options
   --profile {ci,dev,nightly}     hypothesis profile (ci is the default)
   --results PATH                 append one JSONL record per comparison (see harness.records)
   --outcomes PATH                append one JSONL line per finished test (node id, outcome, seconds, the
-                                 failure's last line) as it finishes: a run killed by a time limit still
+                                 failure's last line, the time it was written) as it finishes: a run killed by a time limit still
                                  says what failed and why (pytest's own summary only comes at the end)
   --resume PATH                  repeatable; an --outcomes file of an earlier (cut) run: the tests it records
                                  as passed or skipped are deselected, so the run does what is left and the
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -219,7 +220,10 @@ def _outcome_line(report) -> dict | None:
         why = str(report.longrepr[2])[:500]
     line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
             "seconds": round(report.duration, 3), "why": why,
-            "worker": getattr(report, "node", None) and report.node.gateway.id}
+            "worker": getattr(report, "node", None) and report.node.gateway.id,
+            # when the report reached the writer (unix seconds): with the run's start, where a cut run's time
+            # went (start-up and collection before the first line, idle workers at the end)
+            "at": round(time.time(), 1)}
     if lost and last:
         line["last_call"] = last
     return line
