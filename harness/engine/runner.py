@@ -80,9 +80,10 @@ from harness.engine.families._delta import make_mlp
 from harness.engine.pool import PAD_SLOT_ID, Snapshot, StatePool
 from harness.engine.prefix_cache import PrefixCache
 from harness.engine.scheduler import BatchEntry, Request, Scheduler
+from harness.ops import _checks as ck
 from harness.ops import no_index_checks
 from reference.cache import check_block_size, check_cache_mode, snapshot_positions
-from reference.validate import check_offsets, fail
+from reference.validate import fail
 
 __all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
 
@@ -385,20 +386,19 @@ class EngineRunner:
                                                eps=float(self.cfg.norm_eps))
 
     def _check_metadata(self, md, num_tokens: int) -> list:
-        """The index checks the ops would make of this step's metadata, once, from one device-to-host read (the
-        step reads the offsets anyway): query_start_loc [0, ..., T] non-decreasing, every slot id (the
-        speculative slot table's too) a slot of the pool or the pad id. Returns query_start_loc's values."""
-        parts = [md.query_start_loc, md.state_indices]
-        if md.spec_state_indices is not None:
-            parts.append(md.spec_state_indices.reshape(-1))
-        values = torch.cat([t.to(torch.int64) for t in parts]).tolist()
-        qsl, ids = values[:md.query_start_loc.shape[0]], values[md.query_start_loc.shape[0]:]
-        check_offsets("query_start_loc", qsl, num_tokens)
+        """The index checks the ops would make of this step's metadata (`harness.ops._checks`: offsets
+        [0, ..., T] non-decreasing; slot ids, the speculative slot table's too, slots of the pool or the pad id,
+        the live ones distinct), once, from one device-to-host read (the step reads the offsets anyway).
+        Returns query_start_loc's values."""
+        table = md.spec_state_indices.reshape(-1) if md.spec_state_indices is not None else None
+        parts = [md.query_start_loc, md.state_indices] + ([table] if table is not None else [])
+        values = ck.read_host(*parts)
         n = self.pool.num_slots
-        bad = next((s for s in ids if s != PAD_SLOT_ID and not 0 <= s < n), None)
-        if bad is not None:
-            fail("state_indices", f"slots of the pool (0..{n - 1}) or PAD_SLOT_ID={PAD_SLOT_ID}", bad)
-        return qsl
+        S = ck.check_qsl(md.query_start_loc, num_tokens, values=values[0])
+        ck.check_indices("state_indices", md.state_indices, S, n, PAD_SLOT_ID, values=values[1])
+        if table is not None:
+            ck.check_indices("spec_state_indices", table, table.shape[0], n, PAD_SLOT_ID, values=values[2])
+        return values[0] if isinstance(values[0], list) else values[0].tolist()
 
     def _add_rms(self, x, residual, w):
         """residual += x (in the residual's dtype), then the RMSNorm of the sum in the engine dtype: one launch
