@@ -426,6 +426,16 @@ def _element_bytes(t, base: int):
     return (idx.reshape(-1, 1) + torch.arange(e, dtype=torch.int64) + (t.data_ptr() - base)).reshape(-1)
 
 
+def _extents_apart(ea, eb) -> bool:
+    return ea is None or eb is None or ea[1] <= eb[0] or eb[1] <= ea[0]
+
+
+def extents_apart(a, b) -> bool:
+    """The byte ranges `a`'s and `b`'s elements lie within do not meet, so no element is shared (metadata only;
+    False decides nothing: `shares_memory` then compares the elements)."""
+    return _extents_apart(_byte_extent(a), _byte_extent(b))
+
+
 def shares_memory(a, b) -> bool:
     """Whether tensors `a` and `b` have an element byte in common. From their metadata alone (addresses,
     shapes, strides): disjoint address ranges answer at once; interleaved views of one buffer (the x and z
@@ -433,7 +443,7 @@ def shares_memory(a, b) -> bool:
     if a.device != b.device:
         return False
     ea, eb = _byte_extent(a), _byte_extent(b)
-    if ea is None or eb is None or ea[1] <= eb[0] or eb[1] <= ea[0]:
+    if _extents_apart(ea, eb):
         return False
     base = min(ea[0], eb[0])
     mark = torch.zeros(max(ea[1], eb[1]) - base, dtype=torch.bool)

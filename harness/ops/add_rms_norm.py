@@ -34,24 +34,9 @@ from reference.validate import check_tensor, fail
 _OWN = "memory of its own (it is written in place: no element shared with x or weight, and none with itself)"
 
 
-def _span(t) -> tuple[int, int]:
-    """[first, last + 1) byte addresses of `t`'s storage."""
-    st = t.untyped_storage()
-    p = st.data_ptr()
-    return p, p + st.nbytes()
-
-
-def _apart(a, b) -> bool:
-    """The storages of `a` and `b` do not meet, so no element is shared (False decides nothing: the checks
-    then compare the elements)."""
-    a0, a1 = _span(a)
-    b0, b1 = _span(b)
-    return a1 <= b0 or b1 <= a0
-
-
 def _alone(residual, x, weight) -> bool:
-    """The residual's elements are distinct and its storage meets neither x's nor weight's."""
-    return ck.slots_disjoint(residual) and _apart(residual, x) and _apart(residual, weight)
+    """The residual's elements are distinct and lie apart from x's and weight's."""
+    return ck.slots_disjoint(residual) and ck.extents_apart(residual, x) and ck.extents_apart(residual, weight)
 
 
 def validate_add_rms_norm(x, residual, weight, eps=1e-6, out=None):
