@@ -115,12 +115,14 @@ def test_equal_keys_have_equal_specialisations_for_any_calls(calls):
         assert seen.setdefault(_common.launch_key(args, kw), want) == want, (args[2:], kw)
 
 
-def test_values_fill_defaults_and_split_options():
+def test_values_fill_defaults_and_leave_out_options():
+    """The launcher's values: every parameter in order, constexprs by keyword, defaults filled, launch options
+    (num_warps) not among them; None when a parameter has no value (the call then takes Triton's error)."""
     plan = _common._plan_of(_jit())
     x = torch.zeros(4)
-    vals, options = _common.launch_values(plan, (x, x, 4, 1, 1, 1.0, True), dict(BLOCK=8, num_warps=4))
-    assert vals[-2:] == [8, False] and options == (("num_warps", 4),)
-    assert _common.launch_values(plan, (x, x, 4), dict(BLOCK=8)) == (None, None)  # missing: Triton's error
+    vals = _common.launch_values(plan, (x, x, 4, 1, 1, 1.0, True), dict(BLOCK=8, num_warps=4))
+    assert vals[2:] == [4, 1, 1, 1.0, True, 8, False] and len(vals) == len(plan.params)
+    assert _common.launch_values(plan, (x, x, 4), dict(BLOCK=8)) is None
 
 
 def test_kernels_the_shortcut_does_not_cover_take_the_jit_path():

@@ -351,11 +351,10 @@ def jit_launches():
 class _Plan:
     """What `launch` needs of one kernel, read once: its parameters in order, the names of its non-constexpr
     ones, and per key the compiled kernel with the values of the parameters after the positional ones."""
-    __slots__ = ("params", "names", "runtime_names", "compiled", "backends")
+    __slots__ = ("params", "runtime_names", "compiled", "backends")
 
     def __init__(self, kernel):
         self.params = list(kernel.params)
-        self.names = frozenset(p.name for p in self.params)
         self.runtime_names = frozenset(p.name for p in self.params if not p.is_constexpr)
         self.compiled: dict = {}
         self.backends: dict = {}
@@ -371,10 +370,10 @@ def _plan_of(kernel):
     return plan
 
 
-def launch_values(plan: _Plan, args: tuple, kw: dict):
-    """Every parameter's value in the kernel's order (positional, then by name, then the default), and the
-    launch options (keywords that name no parameter: num_warps, num_stages, ...); (None, None) where a parameter
-    has no value (Triton raises the error: the caller takes kernel[grid])."""
+def launch_values(plan: _Plan, args: tuple, kw: dict) -> list | None:
+    """Every parameter's value in the kernel's order (positional, then by name, then the default; keywords that
+    name no parameter are launch options, not values); None where a parameter has no value (Triton raises the
+    error: the caller takes kernel[grid])."""
     vals = list(args)
     for p in plan.params[len(args):]:
         if p.name in kw:
@@ -382,9 +381,8 @@ def launch_values(plan: _Plan, args: tuple, kw: dict):
         elif p.has_default:
             vals.append(p.default)
         else:
-            return None, None
-    options = tuple(sorted((k, v) for k, v in kw.items() if k not in plan.names))
-    return vals, options
+            return None
+    return vals
 
 
 def launch_key(args: tuple, kw: dict) -> tuple:
@@ -415,7 +413,7 @@ def launch(kernel, grid, *args, **kw):
         compiled = kernel[grid](*args, **kw)
         if cuda is None:  # the device's first call: its backend is known now
             plan.backends[device] = cuda = kernel.device_caches[device][2].backend == "cuda"
-        vals = launch_values(plan, args, kw)[0]
+        vals = launch_values(plan, args, kw)
         if cuda and compiled is not None and vals is not None:
             if len(plan.compiled) >= _MAX_KEYS:
                 plan.compiled.clear()
