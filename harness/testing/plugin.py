@@ -9,8 +9,9 @@ Options
   --profile {ci,dev,nightly}     hypothesis profile (ci is the default)
   --results PATH                 append one JSONL record per comparison (see harness.records)
   --outcomes PATH                append one JSONL line per finished test (node id, outcome, seconds, the
-                                 failure's last line, the time it was written) as it finishes: a run killed by a time limit still
-                                 says what failed and why (pytest's own summary only comes at the end)
+                                 failure's last line, the time it was written) as it finishes: a run killed
+                                 by a time limit still says what failed and why (pytest's own summary only
+                                 comes at the end)
   --resume PATH                  repeatable; an --outcomes file of an earlier (cut) run: the tests it records
                                  as passed or skipped are deselected, so the run does what is left and the
                                  failures again
