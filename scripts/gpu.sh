@@ -209,6 +209,9 @@ if want bench || want peers || want throughput; then
 fi
 
 PYTEST_COMMON="--device cuda -q -rfs -p no:randomly -p no:cacheprovider --tb=line"
+# the workers steal queued tests from each other: a few tests of ~100 s clustered in one file no longer leave
+# the rest idle at the end
+XDIST="--dist worksteal"
 
 step_env() {
   python3 - "$DIR/env.json" "$GPUS" <<'PY' >> "$LOG" 2>&1
@@ -267,7 +270,7 @@ step_suites() {
   local t rc; t=$(date +%s)
   # our implementations without the peers on the path (nothing of ours imports them)
   timeout "$(limit ${SUITES_S:-1500})" env PYTHONPATH="$OURS_PATH" python3 -m pytest suites/ --impl triton --impl torch \
-    $PYTEST_COMMON -n "$WORKERS" $(resume_args suites outcomes.jsonl) --results "$LOGS/results.jsonl" \
+    $PYTEST_COMMON -n "$WORKERS" $XDIST $(resume_args suites outcomes.jsonl) --results "$LOGS/results.jsonl" \
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
   rc=$?; place suites results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
   log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
@@ -348,7 +351,7 @@ step_peers() {
   # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
   # is not importable would stop the run)
   timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ --ignore=suites/bench \
-    -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$WORKERS" \
+    -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$WORKERS" $XDIST \
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
@@ -415,7 +418,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
     export -f pin step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults
-    export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON OURS_PATH
+    export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
     CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
     wait
@@ -427,7 +430,7 @@ elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
   export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
-  export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON OURS_PATH
+  export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
   CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &
   wait
