@@ -185,3 +185,26 @@ def test_jit_launches_turns_the_shortcut_off_and_back():
             assert _common.launch(Kernel(), (3,), 1, BLOCK=2) == ("kernel[grid]", (3,), (1,), {"BLOCK": 2})
             raise KeyError("body")
     assert _common._SHORTCUT is before
+
+
+def test_hooks_are_seen_in_either_form():
+    """`hooked` sees a launch hook (a profiler's) as Triton keeps it: a callable or None, or a chain object that is
+    never None (Triton's own default: an empty chain, which must not count, else the shortcut never runs)."""
+    from types import SimpleNamespace as NS
+    from triton import knobs
+
+    def hook(meta):
+        return None
+    assert not _common.hooked(NS(launch_enter_hook=None, launch_exit_hook=None))
+    assert _common.hooked(NS(launch_enter_hook=hook, launch_exit_hook=None))
+    assert _common.hooked(NS(launch_enter_hook=None, launch_exit_hook=hook))
+    assert not _common.hooked(NS(launch_enter_hook=NS(calls=[]), launch_exit_hook=NS(calls=[])))
+    assert _common.hooked(NS(launch_enter_hook=NS(calls=[hook]), launch_exit_hook=NS(calls=[])))
+    assert not _common.hooked(knobs.runtime), "this Triton's default knobs read as hooked: the shortcut is off"
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+        try:
+            assert _common.hooked(knobs.runtime)
+        finally:
+            chain.remove(hook)

@@ -392,10 +392,16 @@ def launch_key(args: tuple, kw: dict) -> tuple:
             tuple(kw.items()))
 
 
+def hooked(runtime) -> bool:
+    """Whether launch hooks are installed in Triton's runtime knobs: a hook is None where none is set, or (newer
+    Tritons) a chain that is never None and holds its hooks in `calls`."""
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+
+
 def launch(kernel, grid, *args, **kw):
     """`kernel[grid](*args, **kw)` (see the section's comment); returns what that returns."""
-    if (not _SHORTCUT or _INTERPRET or callable(grid)
-            or _knobs.runtime.launch_enter_hook is not None or _knobs.runtime.launch_exit_hook is not None):
+    if not _SHORTCUT or _INTERPRET or callable(grid) or hooked(_knobs.runtime):
         return kernel[grid](*args, **kw)
     plan = _plan_of(kernel)
     if plan is _NO_PLAN or not plan.runtime_names.isdisjoint(kw):
