@@ -118,7 +118,7 @@ CONV_DIMS = st.tuples(st.sampled_from([3, 8]), st.sampled_from([2, 3, 4]), st.bo
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @given(case=iso_cases(("x",), CONV_DIMS))
 @example(case=Iso(lengths=(0, 1), slots=(0, 1), init=(False, False), victim=1, fields=("x",), value=NAN,
-                  extra=0, dims=(3, 2, False)))  # SGLang 0.5.23: the empty request's window read from the next one
+                  extra=0, dims=(3, 2, False)))  # SGLang 0.5.23: an empty request's slot is left holding what it held
 def test_isolation_causal_conv1d_varlen(impl, device, check, dtype, case):
     """causal_conv1d_varlen: a non-finite x row of one request (the taps of the next request's first K-1
     tokens reach back into it) or pad, or in an unread slot, never reaches another request."""

@@ -198,3 +198,27 @@ def test_prefill_of_empty_sequences_only(op):
     want = before.clone()
     want[3] = 0
     assert torch.equal(pool, want)
+
+
+def test_conv_prefill_zeroes_the_slot_of_an_empty_request():
+    """A conv prefill with an empty request among others (docs/findings.md: SGLang's kernel leaves that
+    request's slot as it was): the adapter gives the slot zeros where the request has no initial state, keeps
+    it where it has one, and the request of one token gets its window; unnamed slots are unchanged."""
+    device = _cuda()
+    D, K = 8, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, D, generator=g).to(device)
+    weight = torch.randn(D, K, generator=g).to(device)
+    pool = torch.full((4, D, K - 1), float("nan"), device=device)
+    pool[2] = 5.0
+    qsl = torch.tensor([0, 0, 0, 1], dtype=torch.int32, device=device)
+    slots = torch.tensor([0, 2, 1], dtype=torch.int32, device=device)
+    has = torch.tensor([False, True, False], device=device)
+    before = pool.clone()
+    adapter.causal_conv1d_varlen(x, weight, None, pool, qsl, slots, has)
+    assert torch.equal(pool[0], torch.zeros_like(pool[0])), "the empty fresh request's slot is not zeros"
+    assert torch.equal(pool[2], before[2]), "the empty request's initial state changed"
+    want = torch.zeros(D, K - 1, device=device)
+    want[:, -1] = x[0]
+    assert torch.equal(pool[1], want), "the one-token request's window"
+    assert bool(pool[3].isnan().all()), "an unnamed slot was written"

@@ -169,12 +169,18 @@ def _reset_fresh(pool, slots):
         pool[torch.tensor(slots, device=pool.device)] = 0
 
 
+def _reset_empty(pool, cache_indices, has_initial_state, pad_slot_id, lens=None):
+    """The slots of the live requests of no tokens (every live request where `lens` is None) that have no
+    initial state: zeros (`_reset_fresh`)."""
+    idx, live = host_slots(cache_indices, pad_slot_id)
+    hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
+    _reset_fresh(pool, [idx[i] for i in live if not hi[i] and (lens is None or lens[i] == 0)])
+
+
 def _empty_prefill(x_shape, like, pool, cache_indices, has_initial_state, pad_slot_id, out):
     """A prefill of no tokens: every live request is empty (its slot keeps its initial state, zeros without
     one); the output is empty."""
-    idx, live = host_slots(cache_indices, pad_slot_id)
-    hi = [bool(h) for h in has_initial_state.detach().cpu().tolist()]
-    _reset_fresh(pool, [idx[i] for i in live if not hi[i]])
+    _reset_empty(pool, cache_indices, has_initial_state, pad_slot_id)
     return _idle(x_shape, like, out)
 
 
@@ -196,6 +202,10 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
         return _empty_prefill(x.shape, x, conv_states, cache_indices, has_initial_state, pad_slot_id, out)
     fn = import_peer(_CONV).causal_conv1d_fn
     lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu().tolist()
+    # an empty request among others: the kernel returns before storing its slot, which keeps what it held
+    # (docs/findings.md); SGLang schedules none, and the contract gives one without an initial state zeros
+    if 0 in lens:
+        _reset_empty(conv_states, cache_indices, has_initial_state, pad_slot_id, lens)
     xs = x if x.stride(1) == 1 else x.contiguous()
     y = fn(xs.t(), weight, bias, conv_states, query_start_loc.to(torch.int32), lens,
            cache_indices=cache_indices.to(torch.int32), has_initial_state=has_initial_state.to(torch.bool),
