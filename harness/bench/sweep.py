@@ -511,6 +511,9 @@ def run_cli(args, device: str) -> int:
 
 
 _CHILD = "HARNESS_SWEEP_CHILD"
+# a child may overrun the budget it is given by the candidate it is timing (the budget is checked between
+# candidates); past that grace it is killed, so a child that hangs cannot hold the run
+CHILD_GRACE_S = 120
 
 
 def _run_and_out(args) -> tuple[str, str]:
@@ -545,14 +548,22 @@ def _isolated(args, ops: list, groups_asked, device: str) -> int:
             if groups_asked and g.name not in groups_asked:
                 continue
             argv = [*common, "--op", op, "--group", g.name]
+            limit = None
             if args.budget is not None:
                 left = args.budget - (time.perf_counter() - t0)
                 if left <= 0:
                     print(f"sweep: budget spent; {op}/{g.name} and the groups after it not swept")
                     return rc
                 argv += ["--budget", f"{left:.1f}"]
-            r = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "sweep", *argv],
-                               env={**os.environ, _CHILD: "1", "HARNESS_RUN_ID": run_id})
+                limit = left + CHILD_GRACE_S
+            try:
+                r = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "sweep", *argv],
+                                   env={**os.environ, _CHILD: "1", "HARNESS_RUN_ID": run_id}, timeout=limit)
+            except subprocess.TimeoutExpired:
+                print(f"sweep: {op}/{g.name}: its process ran {limit:.0f} s, past the budget and "
+                      f"{CHILD_GRACE_S} s more; killed (its records so far are kept)", flush=True)
+                rc = 1
+                continue
             if r.returncode:
                 print(f"sweep: {op}/{g.name}: its process exited with {r.returncode}", flush=True)
                 rc = 1

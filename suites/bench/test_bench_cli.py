@@ -13,6 +13,8 @@ from harness.cli import main
 from harness.records import RecordWriter, read_records
 
 QUICK = ["--reps", "2", "--min-time", "0", "--no-progress"]
+# a sweep on a GPU runs its groups in child processes: with a budget, one that hangs is killed past it
+BOUNDED = ["--budget", "90"]
 
 
 def timings(path) -> list[dict]:
@@ -166,7 +168,7 @@ def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device
     before = dict(ssu.CONFIG)
     out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
     assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "selective_state_update", "--group", "mamba2",
-                 "--candidates", "1", *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev",
+                 "--candidates", "1", *QUICK[:4], *BOUNDED, "--config-dir", str(cfg), "--device-name", "testdev",
                  "--out", str(out)]) == 0
     t = timings(out)
     # one record per candidate and shape (the CPU times one shape of the group, a GPU several)
@@ -188,7 +190,7 @@ def test_bench_sweep_isolated_runs_each_group_in_its_own_process(tmp_path, devic
     first wrote."""
     out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
     assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "selective_state_update", "--isolate",
-                 "--candidates", "1", *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev",
+                 "--candidates", "1", *QUICK[:4], *BOUNDED, "--config-dir", str(cfg), "--device-name", "testdev",
                  "--out", str(out)]) == 0
     recs = read_records(str(out))
     envs = [r for r in recs if r["kind"] == "env"]
@@ -216,6 +218,36 @@ def test_bench_sweep_isolated_children_get_a_device_the_cli_accepts(monkeypatch,
     for argv in seen:
         child = argv[argv.index("bench"):]
         assert build_parser(child).parse_args(child).device == "cuda"  # exits on a --device it rejects
+
+
+def test_bench_sweep_isolated_child_past_its_budget_is_killed(monkeypatch, tmp_path, capsys):
+    """With --budget, a child of --isolate that runs past its budget and the grace after it is killed: the
+    sweep says which group, exits non-zero, and goes on with the next group (a hung child cannot hold a
+    GPU run); without --budget a child has no time limit."""
+    import subprocess
+    from harness.bench import sweep
+    from harness.cli import build_parser
+    limits = []
+
+    def run(argv, timeout=None, **kw):
+        limits.append(timeout)
+        raise subprocess.TimeoutExpired(argv, timeout)
+    monkeypatch.setattr(subprocess, "run", run)
+    cli = ["bench", "sweep", "--device", "cuda", "--op", "selective_state_update", "--budget", "30",
+           "--out", str(tmp_path / "s.jsonl")]
+    args = build_parser(cli).parse_args(cli)
+    assert sweep._isolated(args, ["selective_state_update"], None, "cuda:0") == 1
+    out = capsys.readouterr().out
+    assert len(limits) == len(sweep.SWEEPS["selective_state_update"]) >= 2
+    assert all(30 < t <= 30 + sweep.CHILD_GRACE_S for t in limits)
+    assert "selective_state_update/mamba2: its process ran" in out and "killed" in out
+    limits.clear()
+    monkeypatch.setattr(subprocess, "run", lambda argv, timeout=None, **kw: limits.append(timeout)
+                        or subprocess.CompletedProcess(argv, 0))
+    cli = cli[:-4] + cli[-2:]  # without --budget
+    assert "--budget" not in cli
+    assert sweep._isolated(build_parser(cli).parse_args(cli), ["selective_state_update"], None, "cuda:0") == 0
+    assert limits and all(t is None for t in limits)
 
 
 def test_bench_sweep_groups_of_other_ops_are_passed_over(tmp_path, capsys, device):
