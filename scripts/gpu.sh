@@ -66,7 +66,8 @@
 # Safe to cut: a step's file replaces the old one in the baseline folder as soon as that step ends (also
 # when the step hit its time limit: its records so far are valid lines), so a run stopped half way leaves
 # the finished steps' files; the suites run with --outcomes (one line per finished test in <logs>), so a cut
-# run still says what passed and what failed. Files of the selected steps are removed from the folder at
+# run still says what passed and what failed, and its log names the tests that were running when the step was
+# cut, with how long each had run (<outcomes>.running). Files of the selected steps are removed from the folder at
 # the start: the folder never mixes two runs' files for a step.
 set -u
 cd "$(dirname "$0")/.."
@@ -237,6 +238,7 @@ step_tp() {
     $PYTEST_COMMON --results "$LOGS/results-tp.jsonl" --outcomes "$LOGS/outcomes-tp.jsonl" > "$LOGS/tp.txt" 2>&1
   rc=$?; place tp results-tp.jsonl outcomes-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
   log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
+  cut_in tp "$LOGS/outcomes-tp.jsonl"
 }
 
 # replay_faults OUTCOMES OUT: every test in OUTCOMES that lost the CUDA context has its last op call run again
@@ -265,6 +267,16 @@ print('\n'.join(seen))" "$1" | while IFS= read -r id; do
   [ -s "$2" ] && log "replayed the calls of the tests that lost the CUDA context: $2"
 }
 
+# cut_in STEP OUTCOMES: a cut step's tests still running when it ended (pytest's OUTCOMES.running), with how
+# long each had run, into the log (a test that hangs shows there)
+cut_in() {
+  [ -s "$2.running" ] || return 0
+  log "$1: running when it ended: $(python3 -c "
+import json, sys, time
+now = json.load(open(sys.argv[1]))
+print('; '.join(f'{n} ({time.time() - t:.0f} s)' for n, t in sorted(now.items(), key=lambda x: x[1])) or '-')" "$2.running" 2>&1)"
+}
+
 step_suites() {
   [ "$(left)" -lt 60 ] && { log "suites: skipped (budget spent)"; return; }
   local t rc; t=$(date +%s)
@@ -274,6 +286,7 @@ step_suites() {
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
   rc=$?; place suites results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
   log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
+  cut_in suites "$LOGS/outcomes.jsonl"
   PYTHONPATH="$OURS_PATH" replay_faults "$LOGS/outcomes.jsonl" "$LOGS/replay-suites.txt"
 }
 
@@ -357,6 +370,7 @@ step_peers() {
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
   rc=$?; place peers results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
+  cut_in peers "$LOGS/outcomes-peers.jsonl"
   replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
 
@@ -417,7 +431,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   if want suites && want peers; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
-    export -f pin step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults
+    export -f pin step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults cut_in
     export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
     CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
@@ -428,7 +442,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   fi
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults sweep_one halves bench_resume retime_ops drop_retimed
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults cut_in sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
   export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &

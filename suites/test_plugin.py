@@ -12,12 +12,17 @@ from harness.records import read_records
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _pytest(args, cwd, timeout=120):
+def _pytest_env():
+    """The environment of a pytest run started from a test: not an xdist worker's, whatever this one is."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("HARNESS_RUN_ID", None)
+    return env
+
+
+def _pytest(args, cwd, timeout=120):
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+                          env=_pytest_env(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA; the property is about machines without")
@@ -117,6 +122,46 @@ def test_outcomes_name_each_test_as_it_finishes(tmp_path):
     assert lines["test_ok"]["outcome"] == "passed"
     assert lines["test_bad"]["outcome"] == "failed" and "no attribute 'shape'" in lines["test_bad"]["why"]
     assert lines["test_skip"]["outcome"] == "skipped" and "no CUDA device" in lines["test_skip"]["why"]
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_outcomes_running_file_names_the_tests_a_killed_run_was_in(tmp_path, workers):
+    """Beside --outcomes, PATH.running holds the tests running at the moment ({node id: start time}): a run
+    killed while a test hangs leaves it naming that test (and not the finished ones); a run that ends
+    removes it."""
+    import json
+    import signal
+    import time
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
+    (tmp_path / "test_h.py").write_text(textwrap.dedent("""
+        import time
+        def test_done():
+            assert True
+        def test_hangs():
+            time.sleep(600)
+    """))
+    out = tmp_path / "o.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--device", "cpu", "-q",
+                          *workers, "--outcomes", str(out), str(tmp_path)], cwd=tmp_path, env=_pytest_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    running = out.with_name(out.name + ".running")
+    t0 = time.time()
+    try:
+        while time.time() - t0 < 120:
+            if running.exists() and "test_hangs" in running.read_text() and out.exists():
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    now = json.loads(running.read_text())
+    assert [n.split("::")[-1] for n in now] == ["test_hangs"], now
+    assert t0 - 1 <= next(iter(now.values())) <= time.time()
+    assert [json.loads(x)["nodeid"].split("::")[-1] for x in out.read_text().splitlines()] == ["test_done"]
+    (tmp_path / "test_h.py").write_text("def test_done():\n    assert True\n")
+    r = _pytest(["--device", "cpu", "-q", *workers, "--outcomes", str(out), str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not running.exists()
 
 
 @pytest.mark.parametrize("names", [("KeyError", "ValueError"), ("OutOfResources", "CompilationFault")])

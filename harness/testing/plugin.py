@@ -11,7 +11,8 @@ Options
   --outcomes PATH                append one JSONL line per finished test (node id, outcome, seconds, the
                                  failure's last line, the time it was written) as it finishes: a run killed
                                  by a time limit still says what failed and why (pytest's own summary only
-                                 comes at the end)
+                                 comes at the end); the tests running at any moment are in PATH.running
+                                 ({node id: start time}), so a killed run also says which tests it was in
   --resume PATH                  repeatable; an --outcomes file of an earlier (cut) run: the tests it records
                                  as passed or skipped are deselected, so the run does what is left and the
                                  failures again
@@ -239,6 +240,38 @@ def pytest_runtest_logreport(report):
         import json
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
+    if report.when == "teardown":
+        _running(report.nodeid, None)
+
+
+# The tests running now, in <outcomes>.running: {node id: the time it started} (written whole on every change),
+# so a run cut by a time limit says which tests it was in, and since when (a test that hangs shows there).
+# Removed when the session ends.
+def _running(nodeid: str, started: float | None) -> None:
+    path = _STATE.get("outcomes")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import json
+    now = _STATE.setdefault("running", {})
+    if started is None:
+        if now.pop(nodeid, None) is None:
+            return
+    else:
+        now[nodeid] = started
+    tmp = f"{path}.running.tmp"
+    with open(tmp, "w") as f:
+        json.dump(now, f, indent=1)
+    os.replace(tmp, f"{path}.running")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _running(nodeid, round(time.time(), 1))
+
+
+def pytest_sessionfinish(session):
+    path = _STATE.get("outcomes")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(f"{path}.running"):
+        os.remove(f"{path}.running")
 
 
 XDIST_BENCH_SKIP = ("pytest-benchmark does not time under pytest-xdist (-n): run `pytest suites/bench` without -n, "
