@@ -246,7 +246,7 @@ def pytest_runtest_logreport(report):
 
 # The tests running now, in <outcomes>.running: {node id: the time it started} (written whole on every change),
 # so a run cut by a time limit says which tests it was in, and since when (a test that hangs shows there).
-# Removed when the session ends.
+# Removed when the run ends.
 def _running(nodeid: str, started: float | None) -> None:
     path = _STATE.get("outcomes")
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):
@@ -268,7 +268,7 @@ def pytest_runtest_logstart(nodeid, location):
     _running(nodeid, round(time.time(), 1))
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish():
     path = _STATE.get("outcomes")
     if path and not os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(f"{path}.running"):
         os.remove(f"{path}.running")
