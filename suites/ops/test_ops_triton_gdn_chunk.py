@@ -3,7 +3,9 @@ at its own edges, against the float64 oracle through the op contract: sequences 
 packed stream, a last chunk that is not full, many chunks, chunk sizes 16 / 32 / 64, the diagonal-block size
 of the (I + A)^-1 substitution, Hv > Hk, empty and one-token sequences among pads, a growing state (g > 0),
 decays that underflow, and padding past a short last chunk that must stay inert (the next request's
-non-finite values reach neither the earlier request's outputs nor its state).
+non-finite values reach neither the earlier request's outputs nor its state); both pipelines, and both forms
+of the state update's keys (CONFIG["update_keys"]: stored decayed keys, or decays on the rows of v' with k read
+through its strides).
 
 Runs where the `triton` implementation does (CPU through the interpreter: fp32 / fp64, tiny shapes).
 """
@@ -126,17 +128,18 @@ def test_strong_decay_underflows_to_zero(impl, device, check):
     assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(pool).all())
 
 
+@pytest.mark.parametrize("update_keys", ["stored", "rows"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30], ids=["nan", "inf", "huge"])
-def test_padding_past_a_short_last_chunk_is_inert(impl, device, value):
+def test_padding_past_a_short_last_chunk_is_inert(impl, device, value, update_keys):
     """A request of 13 tokens (chunk 16) followed by one whose q, k, v, g and beta hold `value`: the tile
     positions past the first request's end (the second's tokens) change neither its outputs nor its final
-    state, bit for bit."""
+    state, bit for bit, with either CONFIG["update_keys"]."""
     M = _kernel(impl, torch.float32)
     clean, _ = _case((13, 8), device, torch.float32, init=(True, False), seed=2)
     dirty = [a.clone() for a in clean]
     for i in range(5):
         dirty[i][13:] = value
-    with mock.patch.dict(M.CONFIG, {"chunk": 16}):
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "update_keys": update_keys}):
         yc = impl.op(OP)(*clean, use_qk_l2norm=True)
         yd = impl.op(OP)(*dirty, use_qk_l2norm=True)
     assert_bitwise_equal("outputs of the first request", yd[:13], yc[:13])
@@ -243,24 +246,96 @@ def test_bad_key_block_raises(impl, device, knob):
     assert bool((out == 7.0).all()) and torch.equal(args[5], before)
 
 
-def test_unknown_outputs_pipeline_raises(impl, device):
-    """CONFIG["outputs"] other than "scan" / "parallel" raises ValueError naming it; nothing is written."""
+@pytest.mark.parametrize("knob,value", [("outputs", "fused"), ("update_keys", "kg")])
+def test_unknown_pipeline_choice_raises(impl, device, knob, value):
+    """CONFIG["outputs"] other than "scan" / "parallel", CONFIG["update_keys"] other than "stored" / "rows",
+    raises ValueError naming it; nothing is written."""
     M = _kernel(impl, torch.float32)
     args, _ = _case((5,), device, torch.float32)
     out = torch.full_like(args[2], 7.0)
     before = args[5].clone()
-    with mock.patch.dict(M.CONFIG, {"outputs": "fused"}), pytest.raises(ValueError, match="outputs.*'fused'"):
+    with mock.patch.dict(M.CONFIG, {knob: value}), pytest.raises(ValueError, match=f"{knob}.*'{value}'"):
         impl.op(OP)(*args, use_qk_l2norm=True, out=out)
     assert bool((out == 7.0).all())
     assert_bitwise_equal("pool after a rejected call", args[5], before)
 
 
-def test_large_batch_on_gpu(impl, device, check):
+def _strided(t: torch.Tensor, layout: str, half: int = 0) -> torch.Tensor:
+    """`t`'s values in a view: "fused", one half (`half` 0 / 1) of the last dim of a (T, H, 2 K) buffer (q and
+    k as the two halves of one projection: rows and heads twice as far apart); "transposed", of a buffer holding
+    its dims in reverse order (no unit stride but the first dim's)."""
+    if layout == "fused":
+        K = t.shape[-1]
+        view = torch.full((*t.shape[:-1], 2 * K), float("nan"), dtype=t.dtype, device=t.device)[..., half * K:]
+        view = view[..., :K]
+    else:
+        view = torch.full(tuple(reversed(t.shape)), float("nan"), dtype=t.dtype, device=t.device).permute(2, 1, 0)
+    view.copy_(t)
+    return view
+
+
+# (id, dtype, l2norm, g range, q / k layout): CONFIG["update_keys"] "rows" against the oracle
+ROWS_CASES = [
+    ("float32", torch.float32, True, (-1.0, 0.0), None),
+    ("float64", torch.float64, True, (-1.0, 0.0), None),
+    ("float32-no-l2norm", torch.float32, False, (-1.0, 0.0), None),
+    ("float64-no-l2norm", torch.float64, False, (-1.0, 0.0), None),
+    ("strong-decay", torch.float32, True, (-30.0, -5.0), None),
+    ("fused-qk", torch.float32, True, (-1.0, 0.0), "fused"),
+    ("transposed-qk", torch.float64, False, (-1.0, 0.0), "transposed"),
+]
+
+
+@pytest.mark.parametrize("outputs", ["parallel", "scan"])
+@pytest.mark.parametrize("case", ROWS_CASES, ids=[c[0] for c in ROWS_CASES])
+def test_update_keys_rows(impl, device, check, case, outputs):
+    """CONFIG["update_keys"] "rows" (the state update's decays and key norms on the rows of v', k loaded in
+    the recurrence; no kg scratch in the parallel pipeline) against the oracle, in either pipeline: two key
+    heads each shared by two value heads, a request of three chunks whose last is partial starting from its
+    initial state, a short one and a pad; fp32 / fp64, with and without the l2 normalisation, g down to -30,
+    q and k as halves of one buffer or transposed views."""
+    _, dtype, l2norm, g_range, layout = case
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (5, 2 * 16 + 7, 4), (2, 1, PAD), (False, True, True)
+    args, live = _case(lengths, device, dtype, Hk=2, Hv=4, K=24, V=5, slots=slots, init=init, g_range=g_range,
+                       l2norm=l2norm, seed=37)
+    if layout:
+        args[0], args[1] = _strided(args[0], layout, 0), _strided(args[1], layout, 1)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "update_keys": "rows"}):
+        y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, outputs=outputs, update_keys="rows",
+                         g=g_range, qk_layout=layout)
+    assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(pool).all())
+
+
+@pytest.mark.parametrize("outputs", ["parallel", "scan"])
+@pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
+                         ids=["float32", "float64", "float32-no-l2norm"])
+def test_update_keys_agree(impl, device, dtype, l2norm, outputs):
+    """CONFIG["update_keys"] "stored" and "rows" on the same inputs: outputs and final states equal to
+    rounding (the products' factors applied to other operands), in either pipeline."""
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (3, 2 * 16 + 5, 0, 9), (2, PAD, 1, 3), (True, True, True, False)
+    args, _ = _case(lengths, device, dtype, Hk=1, Hv=2, K=40, V=5, slots=slots, init=init, l2norm=l2norm, seed=41)
+    args2 = [a.clone() for a in args]
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "update_keys": "stored"}):
+        y = impl.op(OP)(*args, use_qk_l2norm=l2norm)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "update_keys": "rows"}):
+        y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"outputs, stored vs rows: {(y - y2).abs().max()}"
+    assert torch.allclose(args[5], args2[5], rtol=tol, atol=tol), \
+        f"states, stored vs rows: {(args[5] - args2[5]).abs().max()}"
+
+
+@pytest.mark.parametrize("update_keys", ["default", "rows"])
+def test_large_batch_on_gpu(impl, device, check, update_keys):
     """GPU only (too slow for the interpreter): bf16 activations at the layer's head size (K = V = 128),
-    Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default."""
+    Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default (and with the
+    state update's keys on the rows of v', a sweep candidate)."""
     if device.startswith("cpu"):
         pytest.skip("a GPU case: thousands of tokens at K = V = 128 are too slow for the Triton interpreter")
-    _kernel(impl, torch.bfloat16)
+    M = _kernel(impl, torch.bfloat16)
     args, live = _case((1000, 1, 333, 64, 0), device, torch.bfloat16, Hk=2, Hv=4, K=128, V=128, seed=9,
                        slots=(3, PAD, 1, 2, 4))
-    _check(check, impl, args, live, torch.bfloat16, layout="contiguous")
+    with mock.patch.dict(M.CONFIG, {} if update_keys == "default" else {"update_keys": update_keys}):
+        _check(check, impl, args, live, torch.bfloat16, layout="contiguous", update_keys=update_keys)

@@ -20,6 +20,13 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
        S_c = S (stored),   v' = u - w S^T (stored over u),   S <- exp(G_last) S + v'^T kg:
    two dots, no q, no k normalisation, no exponential per element. S_c, the state before chunk c, goes to
    a per-chunk-slot scratch (slot, Hv, V, K).
+   With CONFIG["update_keys"] "rows" the prep computes and stores no kg (a write and a read of (T, Hv, K)
+   half values saved) and the state kernel loads the chunk's k tile of its key head as stored (k's strides;
+   value head h reads key head h // (Hv // Hk)) with the rows' sums of squares, and scales the rows of v'
+   instead: S <- exp(G_last) S + (v' * r)^T k with r_i = exp(G_last - G_i) / ||k_i|| (no norm without the
+   l2 normalisation) on live rows, exact zeros past the chunk's end (the exponent masked before the exp).
+   The v' stored for the output launch is unscaled. The (CH, BV) rows of v' are scaled in place of the
+   (CH, K) rows of k; half inputs feed (v' * r) and k to the dot in their dtype with fp32 accumulation.
 3. `_gdn_out_kernel`, one program per (chunk slot, value head, block of BV value rows), all in parallel:
        o = (exp(G) q) S_c^T + (lower(q k^T) * exp(G_i - G_j)) v'.
    It loads q and k as stored and l2-normalises them itself: the rows' norms are row and column factors of
@@ -34,7 +41,8 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
 "scan": two launches (the prep as above but storing Aqk = lower(q_i . k_j exp(G_i - G_j)) (C, C, diagonal
 included) in place of kg; then `_gdn_scan_kernel`, one program per (sequence, value head, BV value rows),
 computing per chunk v' = u - w S^T, o = (exp(G) q) S^T + Aqk v', S <- exp(G_last) S + v'^T (exp(G_last - G) k)
-with q and k reloaded and renormalised in it).
+with q and k reloaded and renormalised in it; with update_keys "rows" the decays scale the rows of v' instead,
+S <- exp(G_last) S + (v' exp(G_last - G))^T k).
 
 Pairwise decays are exponentials of differences masked to i >= j (and to live rows) before the exp, so
 decays of any strength give exact zeros, never inf * 0, and a positive g (a growing state) stays exact
@@ -71,15 +79,18 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # bv: value rows per scan / state program (a power of two >= 16); out_bv: value rows per output program
 # (a power of two >= 16); out_bk / prep_bk: key columns per step of the output / per-chunk launch (0: the
 # whole key width at once; else a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half
-# inputs multiply the state in tf32 instead of their own dtype. The device's values in
+# inputs multiply the state in tf32 instead of their own dtype; update_keys: "stored" (the state update's key
+# operand is the decayed keys exp(G_last - G) k: the parallel prep stores them as kg, the scan forms them) or
+# "rows" (the decays and key norms scale the rows of v' and the operand is k as stored). The device's values in
 # configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
                                             "out_warps": 4, "out_stages": 2, "out_bk": 64, "prep_bk": 0,
-                                            "state_tf32": False})
+                                            "state_tf32": False, "update_keys": "stored"})
 OUTPUTS = ("parallel", "scan")
+UPDATE_KEYS = ("stored", "rows")
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
 WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
@@ -231,9 +242,9 @@ def _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV: 
 @triton.jit
 def _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmask, sw0, sw1, skg0, skg1,
                ACC: tl.constexpr, TPREC: tl.constexpr, STORE_KG: tl.constexpr):
-    """Columns kc of w = T (beta exp(G) k) and, with STORE_KG (the "parallel" pipeline), of the update keys
-    kg = exp(G_last - G) k, from those columns of k as stored (kt, in the compute dtype), the rows' inverse
-    norms rk (the l2 normalisation; ones without it) and X = T."""
+    """Columns kc of w = T (beta exp(G) k) and, with STORE_KG (the "parallel" pipeline with update_keys
+    "stored"), of the update keys kg = exp(G_last - G) k, from those columns of k as stored (kt, in the
+    compute dtype), the rows' inverse norms rk (the l2 normalisation; ones without it) and X = T."""
     m2 = valid[:, None] & kmask[None, :]
     if STORE_KG:
         kg = kt * tl.where(valid, tl.exp(g_last - G) * rk, 0.0)[:, None]
@@ -250,7 +261,8 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
                       sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
                       CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, KB: tl.constexpr,
                       BV: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
-                      PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr, WIDE: tl.constexpr):
+                      PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr, STORE_KG: tl.constexpr,
+                      WIDE: tl.constexpr):
     """`_gdn_prep_kernel`'s chunk with the key dimension in blocks of KB columns: (C, KB) tiles of k (and q)
     live at a time, read once for k k^T and the rows' sums of squares (and once for q k^T), once for w and
     kg."""
@@ -288,7 +300,7 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
         kmb = kc < K
         kt = _load_raw(k_ptr, start, r, hk, valid, kc, kmb, sk0, sk1, sk2).to(ACC)
         _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmb, sw0, sw1, skg0, skg1, ACC, TPREC,
-                   not STORE_AQK)
+                   STORE_KG)
     _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
 
 
@@ -300,11 +312,12 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
                      DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr,
-                     KB: tl.constexpr, WIDE: tl.constexpr):
-    """w, u, G and either Aqk (STORE_AQK: the "scan" pipeline) or kg (the "parallel" one) of one chunk and
-    value head. KB = BK: the whole (C, K) tile of k normalised in registers. KB < BK: the key dimension in
-    blocks of KB columns (passes over k (and q): the (C, C) products with the rows' sums of squares, then w
-    and kg; the l2 normalisation is a row (and column) factor of the products, applied after them)."""
+                     STORE_KG: tl.constexpr, KB: tl.constexpr, WIDE: tl.constexpr):
+    """w, u, G and Aqk (STORE_AQK: the "scan" pipeline) or kg (STORE_KG: the "parallel" one with update_keys
+    "stored") of one chunk and value head. KB = BK: the whole (C, K) tile of k normalised in registers.
+    KB < BK: the key dimension in blocks of KB columns (passes over k (and q): the (C, C) products with the
+    rows' sums of squares, then w and kg; the l2 normalisation is a row (and column) factor of the products,
+    applied after them)."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
@@ -321,7 +334,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                               tok,
                               rows, valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0,
                               sb1, sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1, CH, SUB, LOG2NB, KB, BV,
-                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK, WIDE)
+                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK, STORE_KG, WIDE)
             return
         kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)  # normalised
         rk = tl.full((CH,), 1.0, ACC)
@@ -337,8 +350,18 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                      mask=valid[:, None])
         g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
         _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kcol, km, sw0, sw1, skg0, skg1, ACC, TPREC,
-                   not STORE_AQK)
+                   STORE_KG)
         _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
+
+
+@triton.jit
+def _update_rows(st, vn, kt, rk, G, g_last, valid, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """update_keys "rows": exp(G_last) S + (v' r)^T k, the per-row factors r = exp(G_last - G) rk (rk: the key
+    rows' inverse norms) scaling the (CH, BV) rows of v' instead of the (CH, K) rows of k; exact zeros past the
+    chunk's end (the exponent is masked, not the result)."""
+    r = tl.exp(tl.where(valid, g_last - G, float("-inf"))) * rk
+    vr = (vn * r[:, None]).to(DOT)
+    return st * tl.exp(g_last) + tl.dot(tl.trans(vr), kt.to(DOT), input_precision=PREC, out_dtype=ACC)
 
 
 @triton.jit
@@ -348,7 +371,7 @@ def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, q
                      ss0, ss1, ss2, ss3, s_qsl, s_idx, s_hi,
                      CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
                      ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SDOT: tl.constexpr,
-                     SPREC: tl.constexpr):
+                     SPREC: tl.constexpr, ROWS: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -392,20 +415,26 @@ def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, q
         o = tl.where(livev[None, :], o, 0.0)  # a pad request's tokens get o = 0
         tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
                  o.to(o_ptr.dtype.element_ty), mask=m2)
-        kend = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
-        st = st * tl.exp(g_last) + tl.dot(tl.trans(vn.to(DOT)), kend.to(DOT), input_precision=PREC, out_dtype=ACC)
+        if ROWS:
+            st = _update_rows(st, vn, kt, tl.full((CH,), 1.0, ACC), G, g_last, valid, ACC, DOT, PREC)
+        else:
+            kend = tl.where(valid[:, None], kt * tl.exp(g_last - G)[:, None], 0.0)
+            st = st * tl.exp(g_last) + tl.dot(tl.trans(vn.to(DOT)), kend.to(DOT), input_precision=PREC,
+                                              out_dtype=ACC)
     tl.store(sptr, st.to(st_ptr.dtype.element_ty), mask=smask & livev[:, None])
 
 
 @triton.jit
-def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, gc_ptr, hs_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
-                      K, V, pad_id,
-                      sw0, sw1, su0, su1, skg0, skg1, sgc0, sgc1, sh0, sh1, sh2,
+def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
+                      HPK, K, V, pad_id,
+                      sw0, sw1, su0, su1, skg0, skg1, sk0, sk1, sk2, sgc0, sgc1, sh0, sh1, sh2,
                       ss0, ss1, ss2, ss3, s_qsl, s_idx, s_hi,
                       CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
                       ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SDOT: tl.constexpr,
-                      SPREC: tl.constexpr):
-    """The state recurrence of one (sequence, value head, BV value rows): per chunk S_c -> hs, v' -> u."""
+                      SPREC: tl.constexpr, ROWS: tl.constexpr, L2NORM: tl.constexpr, WIDE: tl.constexpr):
+    """The state recurrence of one (sequence, value head, BV value rows): per chunk S_c -> hs, v' -> u. The
+    update's keys: kg as stored, or (ROWS) the chunk's k tile of key head h // HPK as stored, its rows'
+    inverse norms (L2NORM) and decays scaling the rows of v' (`_update_rows`)."""
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -441,8 +470,17 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, gc_ptr, hs_ptr, st_ptr, qsl_ptr, idx
             vn = ut - tl.dot(wt.to(SDOT), tl.trans(st.to(SDOT)), input_precision=SPREC, out_dtype=ACC)  # (CH, BV)
             vd = vn.to(DOT)
             tl.store(uptr, vd.to(u_ptr.dtype.element_ty), mask=m2)
-            kgt = tl.load(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], mask=mk, other=0.0)
-            st = st * tl.exp(g_last) + tl.dot(tl.trans(vd), kgt.to(DOT), input_precision=PREC, out_dtype=ACC)
+            if ROWS:
+                G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
+                kb = _load_raw(k_ptr, t0, _tile_rows(rows, WIDE), h // HPK, valid, kcol, km, sk0, sk1, sk2)
+                ssk = tl.zeros((CH,), dtype=ACC)
+                if L2NORM:
+                    kf = kb.to(ACC)
+                    ssk = tl.sum(kf * kf, 1)
+                st = _update_rows(st, vn, kb, _inv_norms(ssk, L2NORM), G, g_last, valid, ACC, DOT, PREC)
+            else:
+                kgt = tl.load(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], mask=mk, other=0.0)
+                st = st * tl.exp(g_last) + tl.dot(tl.trans(vd), kgt.to(DOT), input_precision=PREC, out_dtype=ACC)
             c += 1
         tl.store(sptr, st.to(st_ptr.dtype.element_ty), mask=smask)
 
@@ -549,6 +587,11 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         from reference.validate import fail
         fail("delta_rule_chunk CONFIG outputs", f"one of {OUTPUTS}", repr(outputs))
     parallel = outputs == "parallel"
+    update_keys = CONFIG["update_keys"]
+    if update_keys not in UPDATE_KEYS:
+        from reference.validate import fail
+        fail("delta_rule_chunk CONFIG update_keys", f"one of {UPDATE_KEYS}", repr(update_keys))
+    rows = update_keys == "rows"
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
     BVO = _pow2(CONFIG["out_bv"], "out_bv")
@@ -571,7 +614,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     u = torch.empty((T, Hv, V), dtype=sd, device=dev)
     gc = torch.empty((T, Hv), dtype=cd, device=dev)
     if parallel:
-        kg = torch.empty((T, Hv, K), dtype=sd, device=dev)
+        kg = dummy(w) if rows else torch.empty((T, Hv, K), dtype=sd, device=dev)
         aqk = dummy(kg)
         hs = torch.empty((NC, Hv, V, K), dtype=sd if SDOT in (tl.float16, tl.bfloat16) else cd, device=dev)
     else:
@@ -591,7 +634,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             kg.stride(1), *gc.stride(),
             CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            KB=KBP, WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
+            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
         if not parallel:
             launch(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
@@ -600,16 +643,17 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
                 aqk.stride(1), *gc.stride(), *o.stride(), *ssm_states.stride(), query_start_loc.stride(0),
                 cache_indices.stride(0), hi.stride(0),
                 CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
-                SPREC=SPREC, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+                SPREC=SPREC, ROWS=rows, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
             return o
         launch(_gdn_state_kernel, (S, Hv, cdiv(V, BVS)),
-            w, u, kg, gc, hs, ssm_states, query_start_loc, cache_indices, hi,
-            K, V, int(pad_slot_id),
-            w.stride(0), w.stride(1), u.stride(0), u.stride(1), kg.stride(0), kg.stride(1), *gc.stride(),
+            w, u, kg, k, gc, hs, ssm_states, query_start_loc, cache_indices, hi,
+            Hv // Hk, K, V, int(pad_slot_id),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), kg.stride(0), kg.stride(1), *k.stride(), *gc.stride(),
             hs.stride(0), hs.stride(1), hs.stride(2), *ssm_states.stride(), query_start_loc.stride(0),
             cache_indices.stride(0), hi.stride(0),
             CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
-            num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+            ROWS=rows, L2NORM=bool(use_qk_l2norm), WIDE=wide, num_warps=int(CONFIG["scan_warps"]),
+            num_stages=int(CONFIG["scan_stages"]))
         launch(_gdn_out_kernel, (NC, Hv, cdiv(V, BVO)),
             q, k, u, gc, hs, o, query_start_loc, cache_indices,
             S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
