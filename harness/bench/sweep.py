@@ -107,8 +107,10 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         (512, 4, 2), (512, 4, 1), (512, 4, 4), (1024, 4, 1), (1024, 8, 2), (1024, 8, 1), (2048, 8, 1), (256, 2, 2),
         (256, 4, 4), (256, 8, 4), (128, 4, 8), (512, 2, 2)]))],
     "selective_state_update": [
-        SweepGroup("mamba2", "selective_state_update", _grid(m2_bp=(4, 8, 16, 32), m2_warps=(2, 4, 8)),
-                   applies=_layout("mamba2")),
+        # the head-dim blocks on grid axis 0 first (consecutive programs on consecutive state blocks)
+        SweepGroup("mamba2", "selective_state_update", _first(
+            [{"m2_pfirst": 1}, {"m2_pfirst": 1, "m2_bp": 8}, {"m2_pfirst": 1, "m2_bp": 4, "m2_warps": 4}],
+            _grid(m2_bp=(4, 8, 16, 32), m2_warps=(2, 4, 8), m2_pfirst=(0, 1))), applies=_layout("mamba2")),
         SweepGroup("mamba1", "selective_state_update", _rows(("m1_bd", "m1_rows", "m1_warps", "m1_tiles", "m1_dfirst"), [
             (32, 4, 2, 1, 1), (64, 2, 2, 1, 1), (128, 2, 2, 1, 1), (16, 8, 4, 1, 1), (32, 8, 4, 1, 1), (16, 4, 2, 1, 1),
             (32, 4, 4, 1, 1), (64, 4, 2, 1, 1), (32, 8, 8, 1, 1), (16, 4, 2, 2, 1), (16, 8, 4, 2, 1),

@@ -176,10 +176,10 @@ def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device
                                                                  ("sweep/selective_state_update/mamba2/1", 1)]
     assert len(t) % 2 == 0 and [r["candidate"] for r in t] == sorted(r["candidate"] for r in t)
     assert all(r["shape"]["layout"] == "mamba2" and r["ms_p50"] > 0 and r["impl"] == "triton" for r in t)
-    assert all(r["config"] == ({"m2_bp": 4, "m2_warps": 2} if r["candidate"] else {}) for r in t)
+    assert all(r["config"] == ({"m2_pfirst": 1} if r["candidate"] else {}) for r in t)
     with open(cfg / "testdev" / "selective_state_update.json") as f:
         written = json.load(f)["default"]
-    assert set(written) == set(before) and written["m2_bp"] in (before["m2_bp"], 4)
+    assert set(written) == set(before) and written["m2_pfirst"] in (before["m2_pfirst"], 1)
     assert ssu.CONFIG == before
     gates_clean(out, capsys)
 

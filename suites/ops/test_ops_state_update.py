@@ -92,6 +92,21 @@ def test_state_update_matches_oracle(impl, device, check, dtype, layout_kind, da
                   seed=seed, shapes=shapes, alt_pools=(alt,))
 
 
+@given(data=st.data())
+def test_state_update_mamba2_head_dim_blocks_first(impl, device, check, data):
+    """Our Mamba-2 layout kernel with its head-dim blocks on grid axis 0 (CONFIG m2_pfirst, a launch-sweep
+    candidate) passes the checks above, at the full shape lists (P 17: two head-dim blocks also under the
+    interpreter)."""
+    if impl.name != "triton":
+        pytest.skip("a launch setting of the triton implementation")
+    from unittest import mock
+    from harness.impls.triton import selective_state_update as M
+    args, kw, slots, mask, shapes, seed, lay, pool_dtype = _case(data, device, torch.float32, False, "mamba2")
+    with mock.patch.dict(M.CONFIG, {"m2_pfirst": 1}):
+        run_pool_case(check, impl, OP, args, kw, pool_pos=0, live_slots=slots, y_mask=mask, dtype=torch.float32,
+                      seed=seed, shapes=dict(shapes, m2_pfirst=1))
+
+
 @pytest.mark.gpu
 def test_state_update_offsets_past_2_31(impl, device, check):
     """Nightly, GPU: a Mamba-2 pool of more than 2^31 elements; updating the last slot (past 2^31) is

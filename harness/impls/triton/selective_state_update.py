@@ -21,9 +21,11 @@ from harness.impls.triton._common import (launch, launch_config, cdiv, device_gu
 # Launch parameters (m2_*: defaults from the H200 sweep, 2026-11-29; m1_*: the offline sm_90 compile's pick, to be
 # confirmed by `harness bench sweep --op selective_state_update`; the device's values in
 # configs/<device>/selective_state_update.json). m1: bd channels x rows batch rows per tile, tiles tiles per
-# program (looped, the next tile prefetched), dfirst: channel blocks on grid axis 0.
-CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m1_bd": 64, "m1_warps": 2, "m1_rows": 2,
-                                                  "m1_tiles": 1, "m1_dfirst": 1})
+# program (looped, the next tile prefetched), dfirst: channel blocks on grid axis 0. m2: bp head-dim rows per
+# program, pfirst: head-dim blocks on grid axis 0 (consecutive programs read consecutive blocks of one slot's
+# head) instead of batch rows.
+CONFIG = launch_config("selective_state_update", {"m2_bp": 16, "m2_warps": 4, "m2_pfirst": 0, "m1_bd": 64,
+                                                  "m1_warps": 2, "m1_rows": 2, "m1_tiles": 1, "m1_dfirst": 1})
 
 # Triton decides at import whether its kernels are interpreted; reading the environment once keeps it off the
 # per-call path (decode is bound by the host's time per call)
@@ -52,10 +54,14 @@ def _ssu_mamba2_kernel(st_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr,
                        sd0, sd1, sz0, sz1, sz2, sy0, sy1, sy2,
                        BP: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr, D_PER_P: tl.constexpr,
                        HAS_Z: tl.constexpr, HAS_DTB: tl.constexpr, SOFTPLUS: tl.constexpr, ACC: tl.constexpr,
-                       LIM_F64: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+                       LIM_F64: tl.constexpr, PFIRST: tl.constexpr):
+    if PFIRST:  # consecutive programs: consecutive head-dim blocks of the same slot and head
+        pb = tl.program_id(0)
+        b = tl.program_id(2).to(tl.int64)
+    else:
+        b = tl.program_id(0).to(tl.int64)
+        pb = tl.program_id(2)
     h = tl.program_id(1).to(tl.int64)
-    pb = tl.program_id(2)
     g = h // HPG
     p = pb.to(tl.int64) * BP + tl.arange(0, BP).to(tl.int64)
     n = tl.arange(0, BN).to(tl.int64)
@@ -292,13 +298,14 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
             _, Bsz, H, P, N, G = layout
             BN = next_power_of_2(N)
             BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
-            launch(_ssu_mamba2_kernel, (Bsz, H, cdiv(P, BP)),
+            pfirst = bool(CONFIG["m2_pfirst"]) and Bsz <= 65535  # grid dims 1, 2 are limited to 65535
+            launch(_ssu_mamba2_kernel, (cdiv(P, BP), H, Bsz) if pfirst else (Bsz, H, cdiv(P, BP)),
                 state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
                 P, N, H // G, pad_slot_id, lo, hi, lim,
                 *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *Cm.stride(),
                 sd[0], sd[1] if len(sd) == 2 else 0, sz[0], sz[1], sz[2], *y.stride(),
-                BP=BP, BN=BN, D_PER_P=D is not None and D.dim() == 2, num_warps=1 if interp else CONFIG["m2_warps"],
-                **common)
+                BP=BP, BN=BN, D_PER_P=D is not None and D.dim() == 2, PFIRST=pfirst,
+                num_warps=1 if interp else CONFIG["m2_warps"], **common)
         else:
             _, Bsz, Dm, N, G = layout
             BN = next_power_of_2(N)
