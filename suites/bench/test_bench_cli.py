@@ -14,7 +14,7 @@ from harness.records import RecordWriter, read_records
 
 QUICK = ["--reps", "2", "--min-time", "0", "--no-progress"]
 # a sweep on a GPU runs its groups in child processes: with a budget, one that hangs is killed past it
-BOUNDED = ["--budget", "90"]
+BOUNDED = ["--budget", "180"]
 
 
 def timings(path) -> list[dict]:
