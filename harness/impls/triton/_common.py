@@ -395,8 +395,9 @@ def launch_key(args: tuple, kw: dict) -> tuple:
 def hooked(runtime) -> bool:
     """Whether launch hooks are installed in Triton's runtime knobs: a hook is None where none is set, or (newer
     Tritons) a chain that is never None and holds its hooks in `calls`."""
-    return any(h is not None and bool(getattr(h, "calls", True))
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook  # read on every launch: no generator
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
 
 
 def launch(kernel, grid, *args, **kw):
