@@ -652,7 +652,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             hs.stride(0), hs.stride(1), hs.stride(2), *ssm_states.stride(), query_start_loc.stride(0),
             cache_indices.stride(0), hi.stride(0),
             CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
-            ROWS=rows, L2NORM=bool(use_qk_l2norm), WIDE=wide, num_warps=int(CONFIG["scan_warps"]),
+            # L2NORM and WIDE only matter to the "rows" keys: fixed otherwise (one specialisation, not four)
+            ROWS=rows, L2NORM=rows and bool(use_qk_l2norm), WIDE=rows and wide, num_warps=int(CONFIG["scan_warps"]),
             num_stages=int(CONFIG["scan_stages"]))
         launch(_gdn_out_kernel, (NC, Hv, cdiv(V, BVO)),
             q, k, u, gc, hs, o, query_start_loc, cache_indices,
