@@ -231,10 +231,16 @@ def _outcome_line(report) -> dict | None:
     return line
 
 
+def _outcomes_here() -> str | None:
+    """The --outcomes path where this process writes it: the controller only (xdist forwards the workers'
+    reports and test starts to it); None elsewhere or without --outcomes."""
+    return None if os.environ.get("PYTEST_XDIST_WORKER") else _STATE.get("outcomes")
+
+
 def pytest_runtest_logreport(report):
-    path = _STATE.get("outcomes")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # the controller writes (xdist forwards the workers' reports to it)
+    path = _outcomes_here()
+    if not path:
+        return
     line = _outcome_line(report)
     if line is not None:
         import json
@@ -248,8 +254,8 @@ def pytest_runtest_logreport(report):
 # so a run cut by a time limit says which tests it was in, and since when (a test that hangs shows there).
 # Removed when the run ends.
 def _running(nodeid: str, started: float | None) -> None:
-    path = _STATE.get("outcomes")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    path = _outcomes_here()
+    if not path:
         return
     import json
     now = _STATE.setdefault("running", {})
@@ -269,8 +275,8 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_sessionfinish():
-    path = _STATE.get("outcomes")
-    if path and not os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(f"{path}.running"):
+    path = _outcomes_here()
+    if path and os.path.exists(f"{path}.running"):
         os.remove(f"{path}.running")
 
 
