@@ -295,6 +295,12 @@ def test_resume_failed_skip_keeps_verdicts_and_reruns_errors(tmp_path):
                     + json.dumps({"nodeid": "test_fixed", "when": "call", "outcome": "passed"}) + "\n")
     assert finished_tests([str(path)]) == {"test_fixed"}
     assert finished_tests([str(path)], skip_failed=True) == {"test_verdict", "test_mismatch", "test_fixed"}
+    # the latest verdict counts: a test that passed and then failed (in a later run's lines) runs again
+    later = tmp_path / "later.jsonl"
+    later.write_text(json.dumps({"nodeid": "test_fixed", "when": "call", "outcome": "failed",
+                                 "why": "E   RuntimeError: broke again"}) + "\n")
+    assert finished_tests([str(path), str(later)]) == set()
+    assert finished_tests([str(path), str(later)], skip_failed=True) == {"test_verdict", "test_mismatch"}
 
 
 def test_unsupported_examples_are_rejected_not_the_whole_test(tmp_path):

@@ -320,10 +320,11 @@ def _assertion_failure(rec: dict) -> bool:
 
 
 def finished_tests(paths, skip_failed: bool = False) -> set[str]:
-    """Node ids an --outcomes file records as passed or skipped (a cut last line is ignored); with
-    `skip_failed`, also those whose last line is a failure on an assertion (`_assertion_failure`)."""
+    """Node ids whose latest verdict in the --outcomes files (read in order, a cut last line ignored) is passed
+    or skipped; with `skip_failed`, also those whose latest verdict is a failure on an assertion
+    (`_assertion_failure`). A test that passed once and failed in a later run is not finished."""
     import json
-    done, last = set(), {}
+    last: dict = {}
     for path in paths:
         if not os.path.isfile(path):
             raise pytest.UsageError(f"--resume: expected an --outcomes file, got {path!r} (no such file)")
@@ -334,13 +335,10 @@ def finished_tests(paths, skip_failed: bool = False) -> set[str]:
                 except ValueError:
                     continue
                 if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
-                        rec.get("when") == "setup" and rec.get("outcome") == "skipped":
-                    done.add(rec["nodeid"])
-                if rec.get("outcome") == "failed":
+                        rec.get("when") == "setup" and rec.get("outcome") == "skipped" or rec.get("outcome") == "failed":
                     last[rec["nodeid"]] = rec
-    if skip_failed:
-        done |= {n for n, rec in last.items() if _assertion_failure(rec)}
-    return done
+    return {n for n, rec in last.items()
+            if rec.get("outcome") != "failed" or skip_failed and _assertion_failure(rec)}
 
 
 def pytest_collection_modifyitems(config, items):
