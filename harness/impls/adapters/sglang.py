@@ -295,9 +295,9 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
                                                dt_limit, pad_slot_id, out)
     _on_gpu(x, "selective_state_update")
-    _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit)
     if no_live_rows(state_batch_indices, pad_slot_id, state):
         return _idle(x.shape, x, out)
+    _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit)
     st, xx, dd, AA, BB, CC, DD, zz, db, view = _ssu_args(layout, state, x, dt, A, B, Cm, D, z, dt_bias)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     import_peer(_SSU).selective_state_update(st, xx, dd, AA, BB, CC, DD, zz, db, dt_softplus=bool(dt_softplus),
@@ -321,10 +321,10 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
                                                     state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
                                                     out)
     _on_gpu(x, "selective_state_update")
-    _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit)
     T, (Bsz, S) = x.shape[0], layout[-2:]
     if SD.idle(query_start_loc, state_batch_indices, num_accepted_tokens, pad_slot_id, state, T):
-        return _idle(x.shape, x, out)
+        return _idle(x.shape, x, out)  # no kernel runs, so none of its limits below applies
+    _ssu_checks(layout, dt, dt_bias, dt_softplus, dt_limit)
     lens, start, live = SD.rows(query_start_loc, state_batch_indices, num_accepted_tokens, pad_slot_id)
     xd, dtd, Bd, Cd, zd = (SD.dense_tokens(t, query_start_loc, S) for t in (x, dt, B, Cm, z))
     st, xx, dd, AA, BB, CC, DD, zz, db, view = _ssu_args(layout, state, xd, dtd, A, Bd, Cd, D, zd, dt_bias)

@@ -298,9 +298,9 @@ def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_in
     layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
                                                dt_limit, pad_slot_id, out)
     args = _ssu_args(layout, x, dt, A, B, Cm, D, z, dt_bias)
-    _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
     if no_live_rows(state_batch_indices, pad_slot_id, state):
         return _idle(x, out)
+    _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
     y = out if out is not None else torch.empty_like(x)
     xx, dd, AA, BB, CC, DD, db, zz = args
     import_peer(_SSU).selective_state_update(state, xx, dd, AA, BB, CC, DD, db, z=zz, dt_softplus=bool(dt_softplus),
@@ -321,9 +321,9 @@ def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_sta
                                                     state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
                                                     out)
     args = _ssu_args(layout, x, dt, A, B, Cm, D, z, dt_bias)
-    _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
     if SD.idle(query_start_loc, state_batch_indices, num_accepted_tokens, pad_slot_id, state, x.shape[0]):
-        return _idle(x, out)
+        return _idle(x, out)  # no kernel runs, so none of its limits applies
+    _no_dt_clamp(dt, None if dt_bias is None else dt_bias[None], dt_softplus, dt_limit, "selective_state_update")
     y = out if out is not None else torch.empty_like(x)
     xx, dd, AA, BB, CC, DD, db, zz = args
     import_peer(_SSU).selective_state_update(
