@@ -61,7 +61,10 @@
 # (fla-core, einops) and the sources scripts/peers_fetch.py extracts (vLLM, SGLang) in .peers/src. Their CUDA extensions (selective_scan_cuda,
 # causal_conv1d_cuda) are compiled for sm_90 in the background from the start, forward only
 # (scripts/build_peer_ext.py); the built modules are gzipped into <logs>/ext/: copied into .peers/ext/ they
-# are reused next time instead of rebuilt.
+# are reused next time instead of rebuilt. Triton's autotune results (fla-core autotunes each kernel anew for
+# every head count and width a test draws) are kept in .peers/autotune/: put into Triton's cache at the start,
+# gathered back at the end, and packed into <logs>/autotune.tgz for another machine (unpack it in the
+# repository root). On the H200 one of fla's KDA varlen tests ran 480+ s cold and 120-200 s with them.
 #
 # Safe to cut: a step's file replaces the old one in the baseline folder as soon as that step ends (also
 # when the step hit its time limit: its records so far are valid lines), so a run stopped half way leaves
@@ -419,6 +422,15 @@ run_steps() { for s in "$@"; do want "$s" && "step_$s"; done; }
 OURS_PATH=${PYTHONPATH:-}
 want env && step_env
 . scripts/peers_setup.sh >> "$LOG" 2>&1
+TUNED=.peers/autotune
+TCACHE=${TRITON_CACHE_DIR:-${TRITON_HOME:-$HOME}/.triton/cache}
+# keep_tuned FROM TO: the autotune result files under FROM copied into TO at the same relative paths
+keep_tuned() {
+  [ -d "$1" ] || return 0
+  mkdir -p "$2"; local to; to=$(cd "$2" && pwd)
+  (cd "$1" && find . -name '*.autotune.json' -print0 | xargs -0 -r cp --parents -t "$to")
+}
+keep_tuned "$TUNED" "$TCACHE"
 want tp && step_tp
 if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
   # nothing to check: both GPUs time
@@ -453,4 +465,9 @@ else
 fi
 
 for f in /tmp/peers/build-*.log; do [ -e "$f" ] && cp "$f" "$LOGS/"; done
+keep_tuned "$TCACHE" "$TUNED"
+if [ -d "$TUNED" ]; then
+  tar czf "$LOGS/autotune.tgz" "$TUNED"
+  log "autotune results: $(find "$TUNED" -name '*.autotune.json' | wc -l) kept in $TUNED (and $LOGS/autotune.tgz)"
+fi
 log "done: $(ls "$DIR" | tr '\n' ' ')"

@@ -111,3 +111,25 @@ def test_faulted_tests_have_their_calls_replayed(tmp_path):
     text = log.read_text()
     assert text.count("== suites/a.py::test_f[x y]") == 1 and "test_g" not in text, text
     assert "replaying gated_delta_rule_varlen by" in text and "returned torch.float32" in text and "exit 0" in text, text
+
+
+def test_autotune_results_are_kept_and_nothing_else(tmp_path):
+    """`keep_tuned FROM TO` (Triton's autotune results kept between runs in .peers/autotune/): every
+    `*.autotune.json` under FROM lands in TO at the same relative path, compiled kernels do not, files already
+    in TO stay, and a missing FROM is no error."""
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    fn = src[src.index("\nkeep_tuned() {") + 1:]
+    fn = fn[:fn.index("\n}\n") + 2]
+    cache, kept = tmp_path / "cache", tmp_path / "kept"
+    (cache / "ABC").mkdir(parents=True)
+    (cache / "ABC" / "chunk_fwd_kernel.autotune.json").write_text('{"key": [1]}')
+    (cache / "ABC" / "chunk_fwd_kernel.cubin").write_text("binary")
+    (kept / "OLD").mkdir(parents=True)
+    (kept / "OLD" / "k.autotune.json").write_text("{}")
+    script = f'{fn}\nkeep_tuned {cache} {kept} && keep_tuned {tmp_path / "none"} {tmp_path / "other"}'
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == \
+        ["ABC/chunk_fwd_kernel.autotune.json", "OLD/k.autotune.json"]
+    assert (kept / "ABC" / "chunk_fwd_kernel.autotune.json").read_text() == '{"key": [1]}'
+    assert not (tmp_path / "other").exists()
