@@ -391,6 +391,11 @@ def run_cli(args, device: str) -> int:
     isolate = args.isolate if args.isolate is not None else not device.startswith("cpu")
     if isolate and not os.environ.get(_CHILD):
         return _isolated(args, ops, groups_asked, device)
+    if os.environ.get(_CHILD) and args.budget is not None:
+        # shortly before the parent kills a child past its budget, every thread's stack goes to stderr: a
+        # hang then says where it was
+        import faulthandler
+        faulthandler.dump_traceback_later(max(args.budget + CHILD_GRACE_S - 10, 1), exit=False)
     if device == "cpu":
         torch.set_num_threads(1)
     impl = get("triton")

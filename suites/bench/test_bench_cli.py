@@ -184,6 +184,21 @@ def test_bench_sweep_writes_records_and_the_config_file(tmp_path, capsys, device
     gates_clean(out, capsys)
 
 
+def test_bench_sweep_child_dumps_its_stacks_before_it_would_be_killed(tmp_path, monkeypatch, device):
+    """A sweep child (the process --isolate starts for one group) with a budget asks faulthandler to write
+    every thread's stack 10 s before its parent's kill (budget + CHILD_GRACE_S): a hang says where it was."""
+    import faulthandler
+
+    from harness.bench import sweep
+    asked = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda s, exit=False: asked.append((s, exit)))
+    monkeypatch.setenv(sweep._CHILD, "1")
+    assert main(["bench", "sweep", "--device", device.split(":")[0], "--op", "selective_state_update", "--group",
+                 "mamba2", "--candidates", "1", *QUICK[:4], "--budget", "30", "--no-write",
+                 "--out", str(tmp_path / "sweep.jsonl")]) == 0
+    assert asked == [(30 + sweep.CHILD_GRACE_S - 10, False)]
+
+
 def test_bench_sweep_isolated_runs_each_group_in_its_own_process(tmp_path, device):
     """--isolate (the default on GPUs) sweeps each (op, group) in a child process, one after the other, into
     the same records file under one run id; the second group's child starts from the configuration file the
