@@ -8,7 +8,8 @@ times the current configuration and every candidate at the op's benchmark shapes
 by CUDA-graph p50 on CUDA (GPU time: launch parameters do not change the host's share) and eager p50
 elsewhere. A candidate replaces the current configuration when its geometric-mean time over those
 shapes is at least `--min-gain` lower, and its outputs (and the pool it writes) match the current
-configuration's on the same inputs; later groups sweep on top of the winners. Before it is timed, every
+configuration's on the same inputs, in two runs that agree bit for bit (a racy compile can pass one run);
+later groups sweep on top of the winners. Before it is timed, every
 configuration (the starting one too) must pass the op's conformance cases against the float64 reference
 (`CHECKS`: the delta-rule prefills at fp16 and bf16, K = 128, each case run twice); one that fails is recorded
 with the reason and left out, and a starting configuration that fails stops the op's sweep (no file
@@ -337,6 +338,16 @@ def conformance(op: str, fn, device: str, refs: dict, seed: int = 0) -> str | No
     return None
 
 
+def _unequal_runs(first: list, second: list) -> str | None:
+    """Why two runs of the same inputs differ (None: the same bits)."""
+    import torch
+    for i, (a, b) in enumerate(zip(first, second)):
+        if a.shape != b.shape or not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+            n = int((a != b).sum()) if a.shape == b.shape else a.numel()
+            return f"output {i} differs between two runs of the same inputs ({n} elements): a race in the compiled code"
+    return None
+
+
 def _mismatch(ref: list, got: list, tol: float) -> str | None:
     if len(ref) != len(got):
         return f"{len(got)} outputs, expected {len(ref)}"
@@ -464,9 +475,17 @@ def run_cli(args, device: str) -> int:
                                 peer=False, cuda_graph=graph, level="kernel", group=g.name, candidate=ci,
                                 module=g.module, config=cand)
                     try:
-                        gen = torch.Generator(device=device if device != "cpu" else "cpu").manual_seed(args.seed)
-                        inputs = spec.make(shape, dt, device, gen)
-                        outs = _outputs(op_spec, inputs, spec.call(fn, inputs))
+                        # two runs of the same inputs, built afresh (the ops write their pools in place): a racy
+                        # compile can pass one run (docs/findings.md), and our kernels give the same bits every run
+                        runs = []
+                        for _ in range(2):
+                            gen = torch.Generator(device=device if device != "cpu" else "cpu").manual_seed(args.seed)
+                            inputs = spec.make(shape, dt, device, gen)
+                            runs.append(_outputs(op_spec, inputs, spec.call(fn, inputs)))
+                        outs = runs[0]
+                        why = _unequal_runs(*runs)
+                        if why:
+                            raise ValueError(why)
                         if ci == 0:
                             refs[si] = outs
                         else:

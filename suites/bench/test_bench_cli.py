@@ -311,6 +311,30 @@ def test_bench_sweep_leaves_out_configurations_that_fail_conformance(tmp_path, c
         assert (cfg / "testdev" / "conv1d.json").exists()
 
 
+def test_bench_sweep_leaves_out_a_configuration_whose_runs_differ(tmp_path, capsys, device, monkeypatch):
+    """Each configuration runs the timing shapes' inputs twice, built afresh: outputs that differ between the two
+    runs (a race in the compiled code passes one run: docs/findings.md) fail it like a wrong value; at the
+    starting configuration the op's sweep stops with exit 1 and writes no configuration file."""
+    from harness.bench import sweep
+    from harness.impls.registry import get
+    ops = get("triton").ops
+    real, calls = ops["causal_conv1d_update"], []
+
+    def racy(*a, **k):
+        calls.append(1)
+        y = real(*a, **k)
+        return y + len(calls) * 1e-3  # a different output every run
+    monkeypatch.setitem(ops, "causal_conv1d_update", racy)
+    monkeypatch.setenv(sweep._CHILD, "1")
+    out, cfg = tmp_path / "sweep.jsonl", tmp_path / "configs"
+    rc = main(["bench", "sweep", "--device", device.split(":")[0], "--op", "causal_conv1d_update", "--candidates", "1",
+               *QUICK[:4], "--config-dir", str(cfg), "--device-name", "testdev", "--out", str(out)])
+    recs = [r for r in read_records(str(out)) if r["kind"] == "timing"]
+    assert rc == 1 and not cfg.exists() and len(recs) == 1
+    assert "differs between two runs of the same inputs" in recs[0]["error"] and recs[0]["candidate"] == 0
+    assert "a race in the compiled code" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("op", ["gated_delta_rule_varlen", "kda_varlen"])
 def test_sweep_conformance_cases_catch_wrong_outputs(device, op):
     """The delta-rule prefills' conformance cases pass with our Triton kernel at its configuration and name
