@@ -139,13 +139,18 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                 ("rows", 32, 4, 2), ("rows", 64, 4, 2), ("rows", 32, 8, 2), ("rows", 64, 8, 2), ("rows", 32, 4, 3),
                 ("rows", 64, 8, 3), ("rows", 16, 4, 2)])),
         # the parallel output launch (chunks x value heads x value blocks of out_bv rows): no effect on "scan"
-        # (key blocks of 32 / 16 first, the fewest registers; then the module's 64-column blocks; never the
-        # whole width of 128 columns at two stages, which Triton 3.6 compiles wrongly: docs/findings.md)
-        SweepGroup("output", "delta_rule_chunk", _first(_rows(("out_bk", "out_bv", "out_warps", "out_stages"), [
-            (32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (32, 64, 8, 3)]),
-            _rows(("out_bv", "out_warps", "out_stages"), [
-                (32, 8, 2), (32, 8, 1), (16, 8, 2), (64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 2), (64, 4, 3),
-                (32, 2, 2), (64, 4, 1), (128, 4, 2), (32, 4, 3)]))),
+        # (first a program per key head over its value heads, q k^T formed once for them: at the whole value
+        # width over 8 warps once per chunk and key head (212 registers offline, no spill); then key blocks of
+        # 32 / 16, the fewest registers; then the module's 64-column blocks; never the whole width of 128
+        # columns at two stages, which Triton 3.6 compiles wrongly: docs/findings.md)
+        SweepGroup("output", "delta_rule_chunk", _first(_rows(("out_heads", "out_bk", "out_bv", "out_warps",
+                                                               "out_stages"), [
+            ("key", 64, 128, 8, 2), ("key", 64, 64, 8, 2), ("key", 32, 128, 8, 2), ("key", 64, 64, 4, 2)]),
+            _first(_rows(("out_bk", "out_bv", "out_warps", "out_stages"), [
+                (32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (32, 64, 8, 3)]),
+                _rows(("out_bv", "out_warps", "out_stages"), [
+                    (32, 8, 2), (32, 8, 1), (16, 8, 2), (64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 2),
+                    (64, 4, 3), (32, 2, 2), (64, 4, 1), (128, 4, 2), (32, 4, 3)])))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
         # (key blocks of 32 / 16 over 8 warps first, the fewest registers; then the whole key width)
         SweepGroup("prep", "delta_rule_chunk", _first(_rows(("prep_bk", "sub", "prep_warps"), [

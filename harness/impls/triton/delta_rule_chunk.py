@@ -37,6 +37,9 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
    twice. Blocks of at most 64 columns: Triton 3.6 compiles this loop wrongly for sm_90 at half inputs with
    one (64, 128) block per operand and two pipeline stages (outputs off by 10-30 %, varying from run to run;
    docs/findings.md), and 64-column blocks are the fastest setting measured on the H200 besides.
+   With CONFIG["out_heads"] "key" a program serves the Hv / Hk value heads of one key head instead
+   (the kernel's SHARED form): q k^T and the rows' norms depend on the key head only, so they are formed once,
+   and each value head then makes its own pass over K for q S_c^T (q read again) before its decays and v'.
 
 "scan": two launches (the prep as above but storing Aqk = lower(q_i . k_j exp(G_i - G_j)) (C, C, diagonal
 included) in place of kg; then `_gdn_scan_kernel`, one program per (sequence, value head, BV value rows),
@@ -81,16 +84,19 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # whole key width at once; else a power of two >= 16); *_warps / *_stages: launch options; state_tf32: half
 # inputs multiply the state in tf32 instead of their own dtype; update_keys: "stored" (the state update's key
 # operand is the decayed keys exp(G_last - G) k: the parallel prep stores them as kg, the scan forms them) or
-# "rows" (the decays and key norms scale the rows of v' and the operand is k as stored). The device's values in
+# "rows" (the decays and key norms scale the rows of v' and the operand is k as stored); out_heads: the parallel
+# output launch's programs per "value" head, or per "key" head over its value heads (q k^T formed once for them
+# all). The device's values in
 # configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
                                             "out_warps": 4, "out_stages": 2, "out_bk": 64, "prep_bk": 0,
-                                            "state_tf32": False, "update_keys": "stored"})
+                                            "state_tf32": False, "update_keys": "stored", "out_heads": "value"})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
+OUT_HEADS = ("value", "key")
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
 WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
@@ -495,60 +501,123 @@ def _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC: tl.constexpr):
 
 
 @triton.jit
+def _out_rows(start, n, vb, V, CH: tl.constexpr, BV: tl.constexpr):
+    """An output program's rows (the chunk's CH, live below n, their tokens from `start`) and its value rows
+    (block vb of BV, live below V), with the (rows, value rows) mask."""
+    rows = tl.arange(0, CH)
+    valid = rows < n
+    tok = start + rows.to(tl.int64)
+    vrow = vb * BV + tl.arange(0, BV)
+    vm = vrow < V
+    return rows, valid, tok, vrow, vm, valid[:, None] & vm[None, :]
+
+
+@triton.jit
+def _qk_block(q_ptr, k_ptr, start, r, hk, valid, kc, kmb, sq0, sq1, sq2, sk0, sk1, sk2, qk, ssq, ssk,
+              L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """One block of key columns kc of the output launch's pass: q and k of key head hk as stored, q k^T and the
+    rows' sums of squares accumulated. Returns the q block too (for the products with S_c)."""
+    qb = _load_raw(q_ptr, start, r, hk, valid, kc, kmb, sq0, sq1, sq2)
+    kb = _load_raw(k_ptr, start, r, hk, valid, kc, kmb, sk0, sk1, sk2)
+    if L2NORM:
+        qf = qb.to(ACC)
+        kf = kb.to(ACC)
+        ssq += tl.sum(qf * qf, 1)
+        ssk += tl.sum(kf * kf, 1)
+    qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
+    return qb, qk, ssq, ssk
+
+
+@triton.jit
+def _hs_dot(o, qb, hs_ptr, c, h, vrow, kc, vm, kmb, sh0, sh1, sh2, ACC: tl.constexpr, SDOT: tl.constexpr,
+            SPREC: tl.constexpr):
+    """o + q S_c^T over key columns kc: the (BV, KB) block of value head h's state before chunk slot c."""
+    hsb = tl.load(hs_ptr + (c * sh0 + h * sh1) + (vrow[:, None] * sh2 + kc[None, :]),
+                  mask=vm[:, None] & kmb[None, :], other=0.0)  # (BV, KB)
+    return o + tl.dot(qb.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
+
+
+@triton.jit
+def _out_finish(o, qk, ssq, ssk, scale_hi, scale_lo, gc_ptr, vn_ptr, tok, h, rows, valid, vrow, m2, sgc0, sgc1,
+                svn0, svn1, L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Value head h's o from the pass's products: the norms, the scale and the decays applied to q S_c^T and
+    q k^T, then the intra-chunk product with v'."""
+    scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+    rq = _inv_norms(ssq, L2NORM) * scale
+    G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
+    o = o * tl.where(valid, rq * tl.exp(G), 0.0)[:, None]
+    qk = qk * dec * rq[:, None] * _inv_norms(ssk, L2NORM)[None, :]
+    vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
+    return o + tl.dot(qk.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
+
+
+@triton.jit
 def _gdn_out_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, hs_ptr, o_ptr, qsl_ptr, idx_ptr,
                     S, HPK, K, V, pad_id, scale_hi, scale_lo,
                     sq0, sq1, sq2, sk0, sk1, sk2, svn0, svn1, sgc0, sgc1, sh0, sh1, sh2, so0, so1, so2,
                     s_qsl, s_idx,
                     CH: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, BLOCK_S: tl.constexpr,
                     L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
-                    SDOT: tl.constexpr, SPREC: tl.constexpr, WIDE: tl.constexpr):
+                    SDOT: tl.constexpr, SPREC: tl.constexpr, WIDE: tl.constexpr, SHARED: tl.constexpr):
     """o of one (chunk slot, value head, BV value rows) from S_c and v': zeros for a pad request.
 
     One pass over the key dimension in blocks of KB columns (one block when KB covers K): q k^T and q S_c^T
     of the rows as stored, and their sums of squares. The l2 normalisation, the scale and the decays are row
     and column factors of those products, applied after the pass: no normalised tile is ever held, so a
-    block's registers are its three loads and the two accumulators."""
+    block's registers are its three loads and the two accumulators.
+
+    SHARED (out_heads "key"): the program serves the HPK value heads of key head program_id(1). q k^T and the
+    rows' norms depend on the key head only: one pass over K forms them once; then per value head a pass over
+    K for q S_c^T (q read again), its decays, and the product with v'."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
     seq, start, n = _locate_seq(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
     if n > 0:
-        rows = tl.arange(0, CH)
-        valid = rows < n
-        tok = start + rows.to(tl.int64)
-        vrow = vb * BV + tl.arange(0, BV)
-        vm = vrow < V
-        m2 = valid[:, None] & vm[None, :]
-        o = tl.zeros((CH, BV), dtype=ACC)
-        if tl.load(idx_ptr + seq * s_idx).to(tl.int64) != pad_id:
-            hk = h // HPK
+        rows, valid, tok, vrow, vm, m2 = _out_rows(start, n, vb, V, CH, BV)
+        if SHARED:
+            hk = h
+            live = tl.load(idx_ptr + seq * s_idx).to(tl.int64) != pad_id
             r = _tile_rows(rows, WIDE)
             qk = tl.zeros((CH, CH), dtype=ACC)
             ssq = tl.zeros((CH,), dtype=ACC)
             ssk = tl.zeros((CH,), dtype=ACC)
-            for k0 in range(0, K, KB):
-                kc = k0 + tl.arange(0, KB)
-                kmb = kc < K
-                qb = _load_raw(q_ptr, start, r, hk, valid, kc, kmb, sq0, sq1, sq2)
-                kb = _load_raw(k_ptr, start, r, hk, valid, kc, kmb, sk0, sk1, sk2)
-                if L2NORM:
-                    qf = qb.to(ACC)
-                    kf = kb.to(ACC)
-                    ssq += tl.sum(qf * qf, 1)
-                    ssk += tl.sum(kf * kf, 1)
-                qk += tl.dot(qb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
-                hsb = tl.load(hs_ptr + (c * sh0 + h * sh1) + (vrow[:, None] * sh2 + kc[None, :]),
-                              mask=vm[:, None] & kmb[None, :], other=0.0)  # (BV, KB)
-                o += tl.dot(qb.to(SDOT), tl.trans(hsb.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
-            scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
-            rq = _inv_norms(ssq, L2NORM) * scale
-            G, dec = _out_decays(gc_ptr, tok, h, sgc0, sgc1, rows, valid, ACC)
-            o = o * tl.where(valid, rq * tl.exp(G), 0.0)[:, None]
-            qk = qk * dec * rq[:, None] * _inv_norms(ssk, L2NORM)[None, :]
-            vn = tl.load(vn_ptr + tok[:, None] * svn0 + h * svn1 + vrow[None, :], mask=m2, other=0.0)
-            o += tl.dot(qk.to(DOT), vn.to(DOT), input_precision=PREC, out_dtype=ACC)
-        tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
-                 o.to(o_ptr.dtype.element_ty), mask=m2)
+            if live:
+                for k0 in range(0, K, KB):
+                    kc = k0 + tl.arange(0, KB)
+                    qb, qk, ssq, ssk = _qk_block(q_ptr, k_ptr, start, r, hk, valid, kc, kc < K, sq0, sq1, sq2, sk0,
+                                                 sk1, sk2, qk, ssq, ssk, L2NORM, ACC, DOT, PREC)
+            for j in range(0, HPK):
+                hv = hk * HPK + j
+                o = tl.zeros((CH, BV), dtype=ACC)
+                if live:
+                    for k0 in range(0, K, KB):
+                        kc = k0 + tl.arange(0, KB)
+                        kmb = kc < K
+                        qb = _load_raw(q_ptr, start, r, hk, valid, kc, kmb, sq0, sq1, sq2)
+                        o = _hs_dot(o, qb, hs_ptr, c, hv, vrow, kc, vm, kmb, sh0, sh1, sh2, ACC, SDOT, SPREC)
+                    o = _out_finish(o, qk, ssq, ssk, scale_hi, scale_lo, gc_ptr, vn_ptr, tok, hv, rows, valid, vrow,
+                                    m2, sgc0, sgc1, svn0, svn1, L2NORM, ACC, DOT, PREC)
+                tl.store(o_ptr + tok[:, None] * so0 + hv * so1 + vrow[None, :].to(tl.int64) * so2,
+                         o.to(o_ptr.dtype.element_ty), mask=m2)
+        else:
+            o = tl.zeros((CH, BV), dtype=ACC)
+            if tl.load(idx_ptr + seq * s_idx).to(tl.int64) != pad_id:
+                hk = h // HPK
+                r = _tile_rows(rows, WIDE)
+                qk = tl.zeros((CH, CH), dtype=ACC)
+                ssq = tl.zeros((CH,), dtype=ACC)
+                ssk = tl.zeros((CH,), dtype=ACC)
+                for k0 in range(0, K, KB):
+                    kc = k0 + tl.arange(0, KB)
+                    kmb = kc < K
+                    qb, qk, ssq, ssk = _qk_block(q_ptr, k_ptr, start, r, hk, valid, kc, kmb, sq0, sq1, sq2, sk0, sk1,
+                                                 sk2, qk, ssq, ssk, L2NORM, ACC, DOT, PREC)
+                    o = _hs_dot(o, qb, hs_ptr, c, h, vrow, kc, vm, kmb, sh0, sh1, sh2, ACC, SDOT, SPREC)
+                o = _out_finish(o, qk, ssq, ssk, scale_hi, scale_lo, gc_ptr, vn_ptr, tok, h, rows, valid, vrow, m2,
+                                sgc0, sgc1, svn0, svn1, L2NORM, ACC, DOT, PREC)
+            tl.store(o_ptr + tok[:, None] * so0 + h * so1 + vrow[None, :].to(tl.int64) * so2,
+                     o.to(o_ptr.dtype.element_ty), mask=m2)
 
 
 def _dot_types(dtype: torch.dtype, state_tf32: bool):
@@ -592,6 +661,10 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         from reference.validate import fail
         fail("delta_rule_chunk CONFIG update_keys", f"one of {UPDATE_KEYS}", repr(update_keys))
     rows = update_keys == "rows"
+    out_heads = CONFIG["out_heads"]
+    if out_heads not in OUT_HEADS:
+        from reference.validate import fail
+        fail("delta_rule_chunk CONFIG out_heads", f"one of {OUT_HEADS}", repr(out_heads))
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
     BVO = _pow2(CONFIG["out_bv"], "out_bv")
@@ -655,12 +728,13 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             # L2NORM and WIDE only matter to the "rows" keys: fixed otherwise (one specialisation, not four)
             ROWS=rows, L2NORM=rows and bool(use_qk_l2norm), WIDE=rows and wide, num_warps=int(CONFIG["scan_warps"]),
             num_stages=int(CONFIG["scan_stages"]))
-        launch(_gdn_out_kernel, (NC, Hv, cdiv(V, BVO)),
+        shared = out_heads == "key"
+        launch(_gdn_out_kernel, (NC, Hk if shared else Hv, cdiv(V, BVO)),
             q, k, u, gc, hs, o, query_start_loc, cache_indices,
             S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
             *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),
             hs.stride(2), *o.stride(), query_start_loc.stride(0), cache_indices.stride(0),
             CH=CH, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
-            PREC=PREC, SDOT=SDOT, SPREC=SPREC, WIDE=wide, num_warps=int(CONFIG["out_warps"]),
+            PREC=PREC, SDOT=SDOT, SPREC=SPREC, WIDE=wide, SHARED=shared, num_warps=int(CONFIG["out_warps"]),
             num_stages=int(CONFIG["out_stages"]))
     return o
