@@ -190,27 +190,51 @@ def test_output_key_blocks(impl, device, check, dtype, l2norm):
     assert torch.equal(pool, args2[5]), "the final states do not depend on the output launch's key blocks"
 
 
+# the launches that can serve a key head's value heads in one program: (CONFIG keys set, the knob)
+PER_KEY_HEAD = {"output": ({"outputs": "parallel", "out_bk": 16}, "out_heads"),
+                "prep-parallel": ({"outputs": "parallel"}, "prep_heads"),
+                "prep-scan": ({"outputs": "scan"}, "prep_heads")}
+
+
+@pytest.mark.parametrize("launch", list(PER_KEY_HEAD))
 @pytest.mark.parametrize("heads", [(1, 2), (2, 6)], ids=["Hk1-Hv2", "Hk2-Hv6"])
 @pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
                          ids=["float32", "float64", "float32-no-l2norm"])
-def test_output_per_key_head(impl, device, check, dtype, l2norm, heads):
-    """CONFIG["out_heads"] "key": the parallel output launch with a program per key head serving its value heads
-    (q k^T and the norms formed once, a pass over K per value head for q S_c^T) against the oracle, and against
-    the per-value-head launch on the same inputs: a request over two chunks that starts mid-chunk of the stream,
-    a pad, an empty live request; three value heads per key head in the second case, key blocks of 16 over K 40."""
+def test_launch_per_key_head(impl, device, check, dtype, l2norm, heads, launch):
+    """CONFIG["out_heads"] / ["prep_heads"] "key": the parallel output launch (q k^T and the norms formed once, a
+    pass over K per value head for q S_c^T; key blocks of 16 over K 40) or the per-chunk launch (the normalised
+    k tile, k k^T and, for the "scan" pipeline, q k^T formed once) with a program per key head serving its value
+    heads, against the oracle and against the per-value-head launch on the same inputs (the same products: equal
+    to rounding): a request over two chunks that starts mid-chunk of the stream, a pad, an empty live request;
+    three value heads per key head in the second case."""
     M = _kernel(impl, dtype)
     Hk, Hv = heads
+    base, knob = PER_KEY_HEAD[launch]
     lengths, slots, init = (3, 16 + 5, 0, 9), (2, PAD, 1, 3), (True, True, True, False)
     args, live = _case(lengths, device, dtype, Hk=Hk, Hv=Hv, K=40, V=5, slots=slots, init=init, l2norm=l2norm,
                        seed=29)
     args2 = [a.clone() for a in args]
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": "parallel", "out_bk": 16, "out_heads": "key"}):
-        y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, out_heads="key")
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": "parallel", "out_bk": 16, "out_heads": "value"}):
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, **base, knob: "key"}):
+        y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, **{knob: "key"}, outputs=base["outputs"])
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, **base, knob: "value"}):
         y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"out_heads key vs value: {(y - y2).abs().max()}"
-    assert torch.equal(pool, args2[5]), "the final states do not depend on the output launch's heads"
+    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"{knob} key vs value: {(y - y2).abs().max()}"
+    assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), f"final states, {knob} key vs value"
+
+
+def test_prep_per_key_head_needs_the_whole_key_width(impl, device):
+    """prep_heads "key" with prep_bk splitting the key width raises ValueError naming prep_heads; nothing is
+    written."""
+    M = _kernel(impl, torch.float32)
+    args, _ = _case((5,), device, torch.float32, K=40)
+    out = torch.full_like(args[2], 7.0)
+    before = args[5].clone()
+    with mock.patch.dict(M.CONFIG, {"prep_heads": "key", "prep_bk": 16}), \
+            pytest.raises(ValueError, match="prep_heads.*'key'"):
+        impl.op(OP)(*args, use_qk_l2norm=True, out=out)
+    assert bool((out == 7.0).all())
+    assert_bitwise_equal("pool after a rejected call", args[5], before)
 
 
 @pytest.mark.parametrize("outputs", ["parallel", "scan"])
@@ -269,10 +293,12 @@ def test_bad_key_block_raises(impl, device, knob):
     assert bool((out == 7.0).all()) and torch.equal(args[5], before)
 
 
-@pytest.mark.parametrize("knob,value", [("outputs", "fused"), ("update_keys", "kg"), ("out_heads", "query")])
+@pytest.mark.parametrize("knob,value", [("outputs", "fused"), ("update_keys", "kg"), ("out_heads", "query"),
+                                        ("prep_heads", "query")])
 def test_unknown_pipeline_choice_raises(impl, device, knob, value):
     """CONFIG["outputs"] other than "scan" / "parallel", CONFIG["update_keys"] other than "stored" / "rows",
-    CONFIG["out_heads"] other than "value" / "key", raises ValueError naming it; nothing is written."""
+    CONFIG["out_heads"] or ["prep_heads"] other than "value" / "key", raises ValueError naming it; nothing is
+    written."""
     M = _kernel(impl, torch.float32)
     args, _ = _case((5,), device, torch.float32)
     out = torch.full_like(args[2], 7.0)

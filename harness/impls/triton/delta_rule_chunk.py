@@ -86,17 +86,19 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # operand is the decayed keys exp(G_last - G) k: the parallel prep stores them as kg, the scan forms them) or
 # "rows" (the decays and key norms scale the rows of v' and the operand is k as stored); out_heads: the parallel
 # output launch's programs per "value" head, or per "key" head over its value heads (q k^T formed once for them
-# all). The device's values in
+# all); prep_heads: the per-chunk launch's programs likewise ("key": the normalised k tile and k k^T formed once
+# for the key head's value heads; whole key width only, prep_bk 0). The device's values in
 # configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
                                             "out_warps": 4, "out_stages": 2, "out_bk": 64, "prep_bk": 0,
-                                            "state_tf32": False, "update_keys": "stored", "out_heads": "value"})
+                                            "state_tf32": False, "update_keys": "stored", "out_heads": "value",
+                                            "prep_heads": "value"})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
-OUT_HEADS = ("value", "key")
+HEADS = ("value", "key")  # out_heads, prep_heads
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
 WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
@@ -318,16 +320,47 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
                      DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr,
-                     STORE_KG: tl.constexpr, KB: tl.constexpr, WIDE: tl.constexpr):
+                     STORE_KG: tl.constexpr, KB: tl.constexpr, WIDE: tl.constexpr, SHARED: tl.constexpr):
     """w, u, G and Aqk (STORE_AQK: the "scan" pipeline) or kg (STORE_KG: the "parallel" one with update_keys
     "stored") of one chunk and value head. KB = BK: the whole (C, K) tile of k normalised in registers.
     KB < BK: the key dimension in blocks of KB columns (passes over k (and q): the (C, C) products with the
     rows' sums of squares, then w and kg; the l2 normalisation is a row (and column) factor of the products,
-    applied after them)."""
+    applied after them). SHARED (prep_heads "key", whole width only): the program serves the HPK value heads of
+    key head program_id(1): the normalised k tile and k k^T (and q k^T) formed once for them all."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
-    if n > 0:
+    if SHARED:
+        if n > 0:
+            rows = tl.arange(0, CH)
+            valid = rows < n
+            tok = start + rows.to(tl.int64)
+            kcol = tl.arange(0, BK)
+            km = kcol < K
+            kt = _load_qk(k_ptr, tok, h, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)  # normalised
+            rk = tl.full((CH,), 1.0, ACC)
+            kd = kt.to(DOT)
+            kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
+            if STORE_AQK:
+                scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
+                qt = _load_qk(q_ptr, tok, h, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
+                qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC)
+            for j in range(0, HPK):
+                hv = h * HPK + j
+                bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, hv, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1,
+                                          ACC)
+                A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
+                X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
+                if STORE_AQK:
+                    tl.store(a_ptr + tok[:, None] * sa0 + hv * sa1 + rows[None, :],
+                             (qk * dec).to(a_ptr.dtype.element_ty), mask=valid[:, None])
+                g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+                # k read again (from L2) rather than held through the loop: the tile and k k^T together spill
+                kt = _load_qk(k_ptr, tok, h, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)
+                _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, hv, valid, kcol, km, sw0, sw1, skg0, skg1, ACC,
+                           TPREC, STORE_KG)
+                _prep_u(X, bt, v_ptr, u_ptr, tok, hv, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
+    elif n > 0:
         hk = h // HPK
         rows = tl.arange(0, CH)
         valid = rows < n
@@ -661,10 +694,11 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         from reference.validate import fail
         fail("delta_rule_chunk CONFIG update_keys", f"one of {UPDATE_KEYS}", repr(update_keys))
     rows = update_keys == "rows"
-    out_heads = CONFIG["out_heads"]
-    if out_heads not in OUT_HEADS:
-        from reference.validate import fail
-        fail("delta_rule_chunk CONFIG out_heads", f"one of {OUT_HEADS}", repr(out_heads))
+    out_heads, prep_heads = CONFIG["out_heads"], CONFIG["prep_heads"]
+    for name, value in (("out_heads", out_heads), ("prep_heads", prep_heads)):
+        if value not in HEADS:
+            from reference.validate import fail
+            fail(f"delta_rule_chunk CONFIG {name}", f"one of {HEADS}", repr(value))
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
     BVO = _pow2(CONFIG["out_bv"], "out_bv")
@@ -674,6 +708,10 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     BK = max(16, next_power_of_2(K))
     KBO = min(KBO, BK) if KBO else BK
     KBP = min(KBP, BK) if KBP else BK
+    prep_shared = prep_heads == "key"
+    if prep_shared and KBP < BK:
+        from reference.validate import fail
+        fail("delta_rule_chunk CONFIG prep_heads", '"value" when prep_bk splits the key width', repr(prep_heads))
     VP = max(16, next_power_of_2(V))
     BVP = min(VP, 64)  # value columns per step of the prep's u = T (beta v)
     BVS, BVO = min(BV, VP), min(BVO, VP)
@@ -699,7 +737,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     sc_hi, sc_lo = split_limit(sc)
     hi = has_initial_state.view(torch.uint8)
     with device_guard(v):
-        launch(_gdn_prep_kernel, (NC, Hv),
+        launch(_gdn_prep_kernel, (NC, Hk if prep_shared else Hv),
             q, k, v, g, beta, query_start_loc, w, u, aqk, kg, gc,
             S, Hv // Hk, K, V, sc_hi, sc_lo,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
@@ -707,7 +745,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             kg.stride(1), *gc.stride(),
             CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
+            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, num_warps=int(CONFIG["prep_warps"]))
         if not parallel:
             launch(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
