@@ -73,6 +73,27 @@ def shared_workspace(base):
                                ops={name: wrap(fn) for name, fn in base.ops.items()})
 
 
+def first_call_drifts(base):
+    """`base` whose first op call in the process moves its output by one unit in the last place: right to
+    rounding, but two runs of the same inputs differ in their bits, as with a race in compiled code or a
+    launch configuration picked at run time (autotuning) on the first call (bug class 26)."""
+    calls = [0]
+
+    def wrap(fn):
+        def op(*args, **kwargs):
+            y = fn(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] == 1:
+                for t in (y if isinstance(y, (tuple, list)) else (y,)):
+                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                        first = t.view(-1)[:1]
+                        first.copy_(torch.nextafter(first, torch.full_like(first, float("inf"))))
+            return y
+        return op
+    return dataclasses.replace(base, name=f"{base.name}[first call drifts]",
+                               ops={name: wrap(fn) for name, fn in base.ops.items()})
+
+
 def dt_in_place(base):
     """`base` with a selective_state_update that turns the caller's dt into softplus(dt + dt_bias) in
     place and then runs the op with the bias and the softplus switched off: y and the state are right,
@@ -203,6 +224,10 @@ def torch_state_in_bf16():
 
 def torch_shared_workspace():
     return shared_workspace(_torch())
+
+
+def torch_first_call_drifts():
+    return first_call_drifts(_torch())
 
 
 def torch_dt_in_place():
