@@ -1,17 +1,25 @@
-"""`harness bench host`: the host time of each op's contract validator, per call, on the CPU.
+"""`harness bench host`: the host time of each op's contract validator, and of our Triton op's whole Python path,
+per call, on the CPU.
 
 An op's eager call pays its validator (`SPEC.validate`) before any kernel launches; at decode sizes that
 host time is a large part of the call. This times `SPEC.validate(...)` alone on CPU tensors, for every op
 at its "contract" shapes (float32) and its "gpu" shapes (bfloat16; the float tensors are allocated and
 left unwritten: the validator reads only their metadata, the slot ids and offsets are real), twice: with
 the index range checks (which read the slot ids and offsets on the host) and inside `no_index_checks()`.
-The figures are p50 microseconds per call through `harness.bench.timing.measure`.
+Then the `triton` implementation's op on the same input set inside `no_index_checks()` with every kernel
+launch replaced by what the launch shortcut computes before it hands a call to the compiled kernel (its key,
+`_common.launch_key`): the validator, the launch parameters, scratch allocations and the key, without the
+kernel launcher and the driver (a GPU machine's figure is `harness bench`'s `launch_ms`). It is called with
+`out=` given where the op takes one (on the CPU a large output's allocation would dominate; the GPU's caching
+allocator returns one in microseconds). The figures are p50 microseconds per call through
+`harness.bench.timing.measure`.
 
     harness bench host                       # every op
     harness bench host --op gated_delta_rule_update,causal_conv1d_update --min-time 0.5
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 
@@ -85,12 +93,75 @@ def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> l
     return rows
 
 
-def format_rows(rows) -> str:
-    lines = [f"{'op':28s} {'shapes':8s} {'dtype':9s} {'us/validate':>11s} {'no index':>9s}  shape"]
+@contextlib.contextmanager
+def launches_keyed_only():
+    """Inside, every kernel launch of our Triton modules computes the launch shortcut's key and returns None
+    (no kernel runs): the host path of an op up to the compiled kernel's launcher."""
+    import importlib
+    import pkgutil
+
+    from harness.impls.triton import _common
+    pkg = importlib.import_module("harness.impls.triton")
+
+    def keyed(kernel, grid, *args, **kw):
+        _common.launch_key(args, kw)
+
+    real, swapped = _common.launch, []
+    for m in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"harness.impls.triton.{m.name}")
+        if mod is not _common and getattr(mod, "launch", None) is real:
+            swapped.append(mod)
+            mod.launch = keyed
+    try:
+        yield
+    finally:
+        for mod in swapped:
+            mod.launch = real
+
+
+def time_triton_paths(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> dict:
+    """{(op, shapes kind, shape index): p50 microseconds} of the `triton` implementation's op per call inside
+    `no_index_checks()` with the launches keyed only (`launches_keyed_only`), `out=` given where the op takes
+    one; ops it lacks are left out."""
+    import torch
+
+    from harness.bench.timing import Budget, measure
+    from harness.impls.registry import get
+    from harness.ops import SPECS, no_index_checks
+    budget = budget or Budget(min_reps=200, min_time=0.2, max_time=5.0, warmup=20)
+    impl = get("triton")
+    out = {}
+    with launches_keyed_only(), no_index_checks():
+        for name, spec in SPECS.items():
+            if (ops and name not in ops) or name not in impl.ops:
+                continue
+            for kind in shape_kinds:
+                dtype = getattr(torch, GPU_DTYPE if kind == "gpu" else CONTRACT_DTYPE)
+                for i, shape in enumerate(spec.shapes.get(kind, ())):
+                    pos, opt = spec.split(_materialize(spec, shape, dtype))
+                    fn = impl.ops[name]
+                    if "out" in inspect.signature(fn).parameters and opt.get("out") is None:
+                        first = fn(*pos, **opt)
+                        opt = {**opt, "out": first[0] if isinstance(first, tuple) else first}
+
+                    def call(fn=fn, pos=pos, opt=opt):
+                        return fn(*pos, **opt)
+
+                    out[(name, kind, i)] = measure(call, "cpu", budget).eager.ms_p50 * 1e3
+    return out
+
+
+def format_rows(rows, paths: dict | None = None) -> str:
+    paths = paths or {}
+    lines = [f"{'op':28s} {'shapes':8s} {'dtype':9s} {'us/validate':>11s} {'no index':>9s} {'triton path':>11s}  "
+             f"shape"]
+    seen: dict = {}
     for r in rows:
+        i = seen[(r["op"], r["shapes"])] = seen.get((r["op"], r["shapes"]), -1) + 1
+        path = paths.get((r["op"], r["shapes"], i))
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         lines.append(f"{r['op']:28s} {r['shapes']:8s} {r['dtype']:9s} {r['us_p50']:11.2f} "
-                     f"{r['us_p50_no_index']:9.2f}  {shape}")
+                     f"{r['us_p50_no_index']:9.2f} {'-' if path is None else f'{path:.2f}':>11s}  {shape}")
     return "\n".join(lines)
 
 
@@ -109,5 +180,5 @@ def run_cli(args) -> int:
     from harness.bench.cli import budget_from
     budget = budget_from(args, "cpu") if any(getattr(args, a, None) is not None
                                              for a in ("reps", "min_time", "max_time", "warmup")) else None
-    print(format_rows(time_validators(ops, kinds, budget)))
+    print(format_rows(time_validators(ops, kinds, budget), time_triton_paths(ops, kinds, budget)))
     return 0

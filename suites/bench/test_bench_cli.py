@@ -425,6 +425,36 @@ def test_bench_host_subcommand(capsys):
     assert main(["bench", "host", "--shapes", "contract,nope"]) == 2
 
 
+def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
+    """The "triton path" column: our op's Python path per call with every kernel launch replaced by the launch
+    shortcut's key (no kernel runs), `out=` given; it exceeds the validator's time (the validator is part of it),
+    and afterwards every Triton module launches through `_common.launch` again."""
+    import importlib
+    import pkgutil
+
+    from harness.bench.host import launches_keyed_only, time_triton_paths, time_validators
+    from harness.impls.triton import _common
+    quick = Budget(min_reps=5, min_time=0, warmup=1)
+    ops = ["gated_delta_rule_update", "causal_conv1d_update"]
+    paths = time_triton_paths(ops, ("gpu",), quick)
+    rows = time_validators(ops, ("gpu",), quick)
+    from harness.ops import SPECS
+    assert sorted(paths) == sorted((op, "gpu", i) for op in ops for i in range(len(SPECS[op].shapes["gpu"])))
+    assert len(paths) == len(rows)
+    assert all(us > 0 for us in paths.values())
+    pkg = importlib.import_module("harness.impls.triton")
+    mods = [importlib.import_module(f"harness.impls.triton.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    users = [m for m in mods if m is not _common and hasattr(m, "launch")]
+    assert users and all(m.launch is _common.launch for m in users)
+    with launches_keyed_only():
+        assert all(m.launch is not _common.launch for m in users)
+    assert all(m.launch is _common.launch for m in users)
+    assert main(["bench", "host", "--op", "gated_delta_rule_update", "--shapes", "gpu", "--reps", "3",
+                 "--min-time", "0"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "triton path" in lines[0] and all(float(ln.split()[5]) > 0 for ln in lines[1:])
+
+
 
 def test_bench_host_every_op():
     """Every op's input set as `harness bench host` rebuilds it is valid (the speculative-decode ops too: a
