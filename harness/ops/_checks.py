@@ -410,12 +410,15 @@ def spec_decode_ok(query_start_loc, table, num_accepted_tokens, num_tokens: int,
 
 def _byte_extent(t) -> tuple[int, int] | None:
     """[first, last + 1) byte addresses a tensor's elements lie within (None: no elements, or no memory)."""
-    if t.is_meta or t.numel() == 0:
+    numel = t.numel()
+    if numel == 0 or t.is_meta:
         return None
-    span = 0
-    for n, s in zip(t.shape, t.stride()):  # a loop, not sum() over a generator: it runs on every op call
-        span += (n - 1) * s
     start = t.data_ptr()
+    if t.is_contiguous():  # most arguments: no walk over the dims (this runs on every op call given out=)
+        return start, start + numel * t.element_size()
+    span = 0
+    for n, s in zip(t.shape, t.stride()):
+        span += (n - 1) * s
     return start, start + (span + 1) * t.element_size()
 
 
@@ -468,11 +471,9 @@ def check_out_alone(out, tensors: dict, in_place: str | None = None) -> None:
     eo = _byte_extent(out)  # once, not per argument: this runs on every op call given out=
     if eo is None:
         return
-    where = (out.get_device(), out.is_cuda)
     for name, t in tensors.items():
-        if not isinstance(t, _Tensor) or (t.get_device(), t.is_cuda) != where:
-            continue  # not a tensor, or on another device
-        if _extents_apart(eo, _byte_extent(t)) or not shares_memory(out, t):
+        # apart address ranges answer at once; `shares_memory` tells devices and interleaved views apart
+        if not isinstance(t, _Tensor) or _extents_apart(eo, _byte_extent(t)) or not shares_memory(out, t):
             continue
         if name == in_place and same_view(out, t):
             continue
