@@ -346,16 +346,6 @@ def conformance(op: str, fn, device: str, refs: dict, seed: int = 0) -> str | No
     return None
 
 
-def _unequal_runs(first: list, second: list) -> str | None:
-    """Why two runs of the same inputs differ (None: the same bits)."""
-    import torch
-    for i, (a, b) in enumerate(zip(first, second)):
-        if a.shape != b.shape or not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
-            n = int((a != b).sum()) if a.shape == b.shape else a.numel()
-            return f"output {i} differs between two runs of the same inputs ({n} elements): a race in the compiled code"
-    return None
-
-
 def _mismatch(ref: list, got: list, tol: float) -> str | None:
     if len(ref) != len(got):
         return f"{len(got)} outputs, expected {len(ref)}"
@@ -376,6 +366,7 @@ def run_cli(args, device: str) -> int:
     from harness.bench.runner import parse_dtype
     from harness.bench.timing import measure
     from harness.env import environment
+    from harness.testing.checks import assert_bitwise_equal
     from harness.impls.registry import get
     from harness.impls.triton import _common
     from harness.ops import SPECS, no_index_checks
@@ -491,9 +482,9 @@ def run_cli(args, device: str) -> int:
                             inputs = spec.make(shape, dt, device, gen)
                             runs.append(_outputs(op_spec, inputs, spec.call(fn, inputs)))
                         outs = runs[0]
-                        why = _unequal_runs(*runs)
-                        if why:
-                            raise ValueError(why)
+                        for i, (a, b) in enumerate(zip(*runs)):
+                            assert_bitwise_equal(f"output {i} differs between two runs of the same inputs (a race in "
+                                                 "the compiled code)", b, a)
                         if ci == 0:
                             refs[si] = outs
                         else:

@@ -335,7 +335,8 @@ def finished_tests(paths, skip_failed: bool = False) -> set[str]:
                 except ValueError:
                     continue
                 if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
-                        rec.get("when") == "setup" and rec.get("outcome") == "skipped" or rec.get("outcome") == "failed":
+                        rec.get("when") == "setup" and rec.get("outcome") == "skipped" or \
+                        rec.get("outcome") == "failed":
                     last[rec["nodeid"]] = rec
     return {n for n, rec in last.items()
             if rec.get("outcome") != "failed" or skip_failed and _assertion_failure(rec)}
