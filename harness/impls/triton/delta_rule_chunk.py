@@ -98,7 +98,8 @@ CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, 
                                             "prep_heads": "value"})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
-HEADS = ("value", "key")  # out_heads, prep_heads
+HEADS = ("value", "key")
+CHOICES = {"outputs": OUTPUTS, "update_keys": UPDATE_KEYS, "out_heads": HEADS, "prep_heads": HEADS}  # checked per call
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
 WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
@@ -684,21 +685,13 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
     if S == 0:
         return o
-    outputs = CONFIG["outputs"]
-    if outputs not in OUTPUTS:
-        from reference.validate import fail
-        fail("delta_rule_chunk CONFIG outputs", f"one of {OUTPUTS}", repr(outputs))
-    parallel = outputs == "parallel"
-    update_keys = CONFIG["update_keys"]
-    if update_keys not in UPDATE_KEYS:
-        from reference.validate import fail
-        fail("delta_rule_chunk CONFIG update_keys", f"one of {UPDATE_KEYS}", repr(update_keys))
-    rows = update_keys == "rows"
-    out_heads, prep_heads = CONFIG["out_heads"], CONFIG["prep_heads"]
-    for name, value in (("out_heads", out_heads), ("prep_heads", prep_heads)):
-        if value not in HEADS:
+    for name, allowed in CHOICES.items():
+        if CONFIG[name] not in allowed:
             from reference.validate import fail
-            fail(f"delta_rule_chunk CONFIG {name}", f"one of {HEADS}", repr(value))
+            fail(f"delta_rule_chunk CONFIG {name}", f"one of {allowed}", repr(CONFIG[name]))
+    parallel = CONFIG["outputs"] == "parallel"
+    rows = CONFIG["update_keys"] == "rows"
+    out_heads, prep_heads = CONFIG["out_heads"], CONFIG["prep_heads"]
     CH = _pow2(CONFIG["chunk"], "chunk")
     BV = _pow2(CONFIG["bv"], "bv")
     BVO = _pow2(CONFIG["out_bv"], "out_bv")
