@@ -62,13 +62,17 @@ def _materialize(spec, shape: dict, dtype) -> dict:
     return out
 
 
-def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> list[dict]:
-    """Rows {op, shapes, shape, dtype, us_p50, us_p50_no_index}: the validator's p50 per call."""
+def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None, triton_path: bool = False) -> list[dict]:
+    """Rows {op, shapes, shape, dtype, us_p50, us_p50_no_index}: the validator's p50 per call; with `triton_path`
+    also us_p50_triton, the `triton` op's path on the same input set (`_time_triton_path`; None for an op it
+    lacks)."""
     import torch
 
     from harness.bench.timing import Budget, measure
+    from harness.impls.registry import get
     from harness.ops import SPECS, no_index_checks
     budget = budget or Budget(min_reps=200, min_time=0.2, max_time=5.0, warmup=20)
+    impl = get("triton") if triton_path else None
     rows = []
     for name, spec in SPECS.items():
         if ops and name not in ops:
@@ -76,10 +80,10 @@ def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> l
         for kind in shape_kinds:
             dtype = getattr(torch, GPU_DTYPE if kind == "gpu" else CONTRACT_DTYPE)
             for shape in spec.shapes.get(kind, ()):
-                pos, opt = spec.split(_materialize(spec, shape, dtype))
+                pos, given = spec.split(_materialize(spec, shape, dtype))
                 validate = spec.validate
                 takes = inspect.signature(validate).parameters  # the options the validator checks
-                opt = {k: v for k, v in opt.items() if k in takes}
+                opt = {k: v for k, v in given.items() if k in takes}
 
                 def call(validate=validate, pos=pos, opt=opt):
                     return validate(*pos, **opt)
@@ -88,8 +92,11 @@ def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> l
                 on = measure(call, "cpu", budget).eager.ms_p50
                 with no_index_checks():
                     off = measure(call, "cpu", budget).eager.ms_p50
-                rows.append(dict(op=name, shapes=kind, shape=shape, dtype=str(dtype).replace("torch.", ""),
-                                 us_p50=on * 1e3, us_p50_no_index=off * 1e3))
+                row = dict(op=name, shapes=kind, shape=shape, dtype=str(dtype).replace("torch.", ""),
+                           us_p50=on * 1e3, us_p50_no_index=off * 1e3)
+                if impl is not None:
+                    row["us_p50_triton"] = _time_triton_path(impl.ops.get(name), pos, given, budget)
+                rows.append(row)
     return rows
 
 
@@ -119,46 +126,25 @@ def launches_keyed_only():
             mod.launch = real
 
 
-def time_triton_paths(ops=None, shape_kinds=("contract", "gpu"), budget=None) -> dict:
-    """{(op, shapes kind, shape index): p50 microseconds} of the `triton` implementation's op per call inside
-    `no_index_checks()` with the launches keyed only (`launches_keyed_only`), `out=` given where the op takes
-    one; ops it lacks are left out."""
-    import torch
-
-    from harness.bench.timing import Budget, measure
-    from harness.impls.registry import get
-    from harness.ops import SPECS, no_index_checks
-    budget = budget or Budget(min_reps=200, min_time=0.2, max_time=5.0, warmup=20)
-    impl = get("triton")
-    out = {}
+def _time_triton_path(fn, pos, opt, budget) -> float | None:
+    """p50 microseconds of op `fn` (None: none) per call inside `no_index_checks()` with the launches keyed only
+    (`launches_keyed_only`), `out=` given where the op takes one."""
+    if fn is None:
+        return None
+    from harness.bench.timing import measure
+    from harness.ops import no_index_checks
     with launches_keyed_only(), no_index_checks():
-        for name, spec in SPECS.items():
-            if (ops and name not in ops) or name not in impl.ops:
-                continue
-            for kind in shape_kinds:
-                dtype = getattr(torch, GPU_DTYPE if kind == "gpu" else CONTRACT_DTYPE)
-                for i, shape in enumerate(spec.shapes.get(kind, ())):
-                    pos, opt = spec.split(_materialize(spec, shape, dtype))
-                    fn = impl.ops[name]
-                    if "out" in inspect.signature(fn).parameters and opt.get("out") is None:
-                        first = fn(*pos, **opt)
-                        opt = {**opt, "out": first[0] if isinstance(first, tuple) else first}
-
-                    def call(fn=fn, pos=pos, opt=opt):
-                        return fn(*pos, **opt)
-
-                    out[(name, kind, i)] = measure(call, "cpu", budget).eager.ms_p50 * 1e3
-    return out
+        if "out" in inspect.signature(fn).parameters and opt.get("out") is None:
+            first = fn(*pos, **opt)
+            opt = {**opt, "out": first[0] if isinstance(first, tuple) else first}
+        return measure(lambda: fn(*pos, **opt), "cpu", budget).eager.ms_p50 * 1e3
 
 
-def format_rows(rows, paths: dict | None = None) -> str:
-    paths = paths or {}
+def format_rows(rows) -> str:
     lines = [f"{'op':28s} {'shapes':8s} {'dtype':9s} {'us/validate':>11s} {'no index':>9s} {'triton path':>11s}  "
              f"shape"]
-    seen: dict = {}
     for r in rows:
-        i = seen[(r["op"], r["shapes"])] = seen.get((r["op"], r["shapes"]), -1) + 1
-        path = paths.get((r["op"], r["shapes"], i))
+        path = r.get("us_p50_triton")
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         lines.append(f"{r['op']:28s} {r['shapes']:8s} {r['dtype']:9s} {r['us_p50']:11.2f} "
                      f"{r['us_p50_no_index']:9.2f} {'-' if path is None else f'{path:.2f}':>11s}  {shape}")
@@ -180,5 +166,5 @@ def run_cli(args) -> int:
     from harness.bench.cli import budget_from
     budget = budget_from(args, "cpu") if any(getattr(args, a, None) is not None
                                              for a in ("reps", "min_time", "max_time", "warmup")) else None
-    print(format_rows(time_validators(ops, kinds, budget), time_triton_paths(ops, kinds, budget)))
+    print(format_rows(time_validators(ops, kinds, budget, triton_path=True)))
     return 0

@@ -432,16 +432,14 @@ def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
     import importlib
     import pkgutil
 
-    from harness.bench.host import launches_keyed_only, time_triton_paths, time_validators
+    from harness.bench.host import launches_keyed_only, time_validators
     from harness.impls.triton import _common
+    from harness.ops import SPECS
     quick = Budget(min_reps=5, min_time=0, warmup=1)
     ops = ["gated_delta_rule_update", "causal_conv1d_update"]
-    paths = time_triton_paths(ops, ("gpu",), quick)
-    rows = time_validators(ops, ("gpu",), quick)
-    from harness.ops import SPECS
-    assert sorted(paths) == sorted((op, "gpu", i) for op in ops for i in range(len(SPECS[op].shapes["gpu"])))
-    assert len(paths) == len(rows)
-    assert all(us > 0 for us in paths.values())
+    rows = time_validators(ops, ("gpu",), quick, triton_path=True)
+    assert [r["op"] for r in rows] == [op for op in SPECS if op in ops for _ in SPECS[op].shapes["gpu"]]
+    assert all(r["us_p50_triton"] > 0 for r in rows)
     pkg = importlib.import_module("harness.impls.triton")
     mods = [importlib.import_module(f"harness.impls.triton.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
     users = [m for m in mods if m is not _common and hasattr(m, "launch")]
