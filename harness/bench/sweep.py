@@ -141,16 +141,17 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         # the parallel output launch (chunks x value heads x value blocks of out_bv rows): no effect on "scan"
         # (first a program per key head over its value heads, q k^T formed once for them: at the whole value
         # width over 8 warps once per chunk and key head (212 registers offline, no spill); then key blocks of
-        # 32 / 16, the fewest registers; then the module's 64-column blocks; never the whole width of 128
-        # columns at two stages, which Triton 3.6 compiles wrongly: docs/findings.md)
+        # 32 / 16, the fewest registers; then the module's 64-column blocks). One pipeline stage throughout: at
+        # two, Triton 3.6 compiles this loop for sm_90 into programs whose outputs differ from run to run, at
+        # 128- and at 64-column key blocks (docs/findings.md)
         SweepGroup("output", "delta_rule_chunk", _first(_rows(("out_heads", "out_bk", "out_bv", "out_warps",
                                                                "out_stages"), [
-            ("key", 64, 128, 8, 2), ("key", 64, 64, 8, 2), ("key", 32, 128, 8, 2), ("key", 64, 64, 4, 2)]),
+            ("key", 64, 128, 8, 1), ("key", 64, 64, 8, 1), ("key", 32, 128, 8, 1), ("key", 64, 64, 4, 1)]),
             _first(_rows(("out_bk", "out_bv", "out_warps", "out_stages"), [
-                (32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (32, 64, 8, 3)]),
+                (32, 64, 8, 1), (16, 64, 8, 1), (32, 32, 8, 1), (16, 32, 4, 1)]),
                 _rows(("out_bv", "out_warps", "out_stages"), [
-                    (32, 8, 2), (32, 8, 1), (16, 8, 2), (64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 2),
-                    (64, 4, 3), (32, 2, 2), (64, 4, 1), (128, 4, 2), (32, 4, 3)])))),
+                    (32, 8, 1), (16, 8, 1), (64, 4, 1), (32, 4, 1), (128, 8, 1), (64, 8, 1), (32, 2, 1),
+                    (128, 4, 1), (16, 4, 1)])))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
         # (key blocks of 32 / 16 over 8 warps first, the fewest registers; then a program per key head over its
         # value heads, k k^T formed once for them (at sub 64 over 8 warps 231 registers offline and no spill; at
@@ -163,7 +164,7 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         # the groups before may have picked chunk-64 values
         SweepGroup("chunk", "delta_rule_chunk", _first([
             dict(chunk=32, sub=sub, prep_warps=pw, bv=bv, scan_warps=4, scan_stages=2, out_bv=ob, out_warps=8,
-                 out_stages=2, out_bk=64, prep_bk=0)
+                 out_stages=1, out_bk=64, prep_bk=0)
             for sub, pw, bv, ob in ((16, 4, 16, 64), (32, 8, 16, 32), (16, 8, 32, 64))],
             [{"chunk": 32, "sub": 16}, {"chunk": 32, "sub": 32, "bv": 64}, {"chunk": 64, "state_tf32": True}])),
     ],

@@ -34,9 +34,10 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
    accumulates q k^T, q S_c^T and the rows' sums of squares together, and the norms, the scale and the decays
    are applied to the two products after it (no normalised tile is held). Storing normalised copies once per
    key head instead would cost a write and a read of two (T, Hk, K) tensors and, for half inputs, round q
-   twice. Blocks of at most 64 columns: Triton 3.6 compiles this loop wrongly for sm_90 at half inputs with
-   one (64, 128) block per operand and two pipeline stages (outputs off by 10-30 %, varying from run to run;
-   docs/findings.md), and 64-column blocks are the fastest setting measured on the H200 besides.
+   twice. Blocks of at most 64 columns and one pipeline stage: at two stages Triton 3.6 compiles this loop
+   for sm_90 into programs whose outputs vary from run to run at half inputs, with one (64, 128) block per
+   operand (off by 10-30 %) and with 64-column blocks too (bf16, T = 4096, K = V = 128: 34,528 outputs
+   differ between two runs of one input); docs/findings.md. One stage costs ~4 % at that shape.
    With CONFIG["out_heads"] "key" a program serves the Hv / Hk value heads of one key head instead
    (the kernel's SHARED form): q k^T and the rows' norms depend on the key head only, so they are formed once,
    and each value head then makes its own pass over K for q S_c^T (q read again) before its decays and v'.
@@ -93,7 +94,7 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
-                                            "out_warps": 4, "out_stages": 2, "out_bk": 64, "prep_bk": 0,
+                                            "out_warps": 4, "out_stages": 1, "out_bk": 64, "prep_bk": 0,
                                             "state_tf32": False, "update_keys": "stored", "out_heads": "value",
                                             "prep_heads": "value"})
 OUTPUTS = ("parallel", "scan")
