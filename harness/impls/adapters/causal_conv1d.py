@@ -8,7 +8,9 @@
   conv_state_indices=...) on the live rows only (pads are filtered out here).
 The peer never sees a pad request, so the adapter stores y = 0 over the pad requests' rows (the op contract).
 Declined (NotImplementedError, the peer's own checks): widths outside 2..4; varlen with a channel count
-not divisible by 8 (its channel-last path); update with a pool dtype other than x's.
+not divisible by 8 (its channel-last path); update with a pool dtype other than x's. The channel-last path
+also requires x.stride(0) and x.stride(2) to be multiples of 8: each sequence's tokens reach it as rows D
+apart (a copy unless they already are).
 """
 from __future__ import annotations
 
@@ -28,6 +30,17 @@ def _check_width(K):
         raise NotImplementedError(f"causal_conv1d: kernel widths 2..4, got {K}")
 
 
+def _channel_last(rows):
+    """The (L, D) token rows as the (1, D, L) channel-last view causal_conv1d_fn takes (stride(1) == 1), rows D
+    elements apart (copied unless they are): its channel-last path requires x.stride(0) and x.stride(2) to be
+    multiples of 8 (with D divisible by 8, D is). `contiguous()` is not enough: a one-token slice of a wider
+    buffer (x of a fused projection) counts as contiguous and keeps the buffer's row stride."""
+    D = rows.shape[1]
+    if rows.stride() != (D, 1):
+        rows = rows.clone(memory_format=torch.contiguous_format)
+    return rows.t()[None]
+
+
 def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                          *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
     T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
@@ -45,7 +58,7 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
         a, b = q[i], q[i + 1]
         init = conv_states[idx[i]].to(x.dtype) if hi[i] else torch.zeros((D, K - 1), dtype=x.dtype, device=x.device)
         if b > a:
-            xs = x[a:b].contiguous().t()[None]  # (1, D, L), stride(1) == 1: channel-last
+            xs = _channel_last(x[a:b])
             # channel-last initial state (1, D, K-1) in storage of its own: the kernel's vector loads need a
             # 16-byte aligned start, which a view of a pool slot need not have (docs/findings.md)
             init_cl = init.t().clone(memory_format=torch.contiguous_format).t()[None]

@@ -15,6 +15,7 @@ Impl `mamba_ssm` (its Triton ops, importable from source with a placeholder `sel
   of mamba_ssm's Block); residual_in_fp32 for a float32 residual. It returns the sum as a new tensor (copied into
   the residual here) and normalises the float32 sum itself, where the contract normalises the sum rounded to x's
   dtype (as transformers' blocks do): one rounding of a half x apart. A residual in another dtype is declined.
+  x and the residual go with stride 1 along a last dim of size 1, which its stride asserts need.
 Impl `mamba_ssm_cuda` (needs the compiled `selective_scan_cuda`):
 * selective_scan_varlen <- mamba_ssm.ops.selective_scan_interface.selective_scan_fn, one call per
   live sequence (it has no varlen mode). Not supported: has_initial_state (2.3.2 takes no initial
@@ -119,6 +120,16 @@ def gated_rms_norm(x, weight, z, *, eps=1e-6, group_size=None, norm_before_gate=
     return _emit(y, out)
 
 
+def _unit_last_stride(t):
+    """`t` with stride 1 along a last dim of size 1 (the same elements). layer_norm.py's `_layer_norm_fwd` asserts
+    x.stride(-1) == 1 and residual.stride(-1) == 1 (bare asserts); its wrapper makes a tensor contiguous when
+    that stride is not 1, but torch's `contiguous()` keeps a (T, 1) view whose last stride is T (the transpose of
+    a (1, T) buffer), since a size-1 dim's stride does not count for contiguity."""
+    if t.shape[-1] == 1 and t.stride(-1) != 1:
+        return t.as_strided(t.shape, (*t.stride()[:-1], 1), t.storage_offset())
+    return t
+
+
 def add_rms_norm(x, residual, weight, *, eps=1e-6, out=None):
     T, _ = C.validate_add_rms_norm(x, residual, weight, eps, out)
     if residual.dtype not in (torch.float32, x.dtype):
@@ -127,7 +138,7 @@ def add_rms_norm(x, residual, weight, *, eps=1e-6, out=None):
     if T == 0:
         return out if out is not None else torch.empty_like(x)
     fn = import_peer(_LN).rms_norm_fn
-    y, res = fn(x, weight, None, residual=residual, eps=eps, prenorm=True,
+    y, res = fn(_unit_last_stride(x), weight, None, residual=_unit_last_stride(residual), eps=eps, prenorm=True,
                 residual_in_fp32=residual.dtype == torch.float32)
     residual.copy_(res)  # it returns the sum in a new tensor; the contract updates the residual in place
     return _emit(y, out)
