@@ -49,9 +49,13 @@ def _git_dir_sha(root: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def git_info() -> tuple[str | None, str | None]:
-    """(sha, where it came from): `git rev-parse HEAD` (+ "-dirty" for uncommitted tracked changes), else
-    the first of $HARNESS_GIT_SHA, $GITHUB_SHA, $CI_COMMIT_SHA, $GIT_COMMIT (a tree copied to a machine
+    """(sha, where it came from): $HARNESS_GIT_SHA when set (it wins: a tree copied to another machine can
+    carry a .git whose HEAD is not the commit it was copied from), else `git rev-parse HEAD` (+ "-dirty" for
+    uncommitted tracked changes), else the first of $GITHUB_SHA, $CI_COMMIT_SHA, $GIT_COMMIT (a tree copied
     without its .git), else the .git folder read directly (no git binary); (None, None) when none is known."""
+    v = os.environ.get("HARNESS_GIT_SHA", "").strip()
+    if v:
+        return v, "$HARNESS_GIT_SHA"
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=5)
@@ -62,7 +66,7 @@ def git_info() -> tuple[str | None, str | None]:
             return sha + ("-dirty" if dirty else ""), "git"
     except (OSError, subprocess.SubprocessError):
         pass
-    for var in GIT_SHA_VARS:
+    for var in GIT_SHA_VARS[1:]:
         v = os.environ.get(var, "").strip()
         if v:
             return v, f"${var}"

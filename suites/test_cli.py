@@ -290,3 +290,15 @@ def test_git_sha_is_recorded_without_git(monkeypatch):
         assert env["harness"] and env["git_sha_source"] in (".git", None)
     finally:
         E.git_info.cache_clear()
+
+
+def test_harness_git_sha_wins_over_git(monkeypatch):
+    """$HARNESS_GIT_SHA names the commit even where git answers: a copied tree's .git can point elsewhere."""
+    import harness.env as E
+    monkeypatch.setenv("HARNESS_GIT_SHA", "0123abc-dirty")
+    E.git_info.cache_clear()
+    try:
+        assert E.git_info() == ("0123abc-dirty", "$HARNESS_GIT_SHA")
+        assert E.environment("cpu")["git_sha"] == "0123abc-dirty"
+    finally:
+        E.git_info.cache_clear()
