@@ -1,6 +1,8 @@
 """Op contract: bad input raises ValueError (naming the argument) before any kernel runs, for every op
 and every implementation that provides it: wrong dtypes or layouts, slot ids outside the pool,
 duplicate live slots, query_start_loc inconsistent with the token count, a bad `out=`."""
+import re
+
 import pytest
 import torch
 
@@ -227,13 +229,30 @@ def test_aot_resources_and_op_filter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = lambda *a: subprocess.run([sys.executable, "-m", "harness.impls.triton.aot", *a], env=env,  # noqa: E731
                                     capture_output=True, text=True, timeout=600)
-    r = run("float32", "--op", "gated_rms_norm", "--resources")
+    r = run("float32", "--op", "gated_rms_norm", "--resources", "--digest")
     if r.returncode == 2:
         pytest.skip(f"cannot compile for sm_90 here: {r.stdout.strip().splitlines()[-1:]}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("compiled ")]
     assert lines and all("gated_rms_norm" in ln or "_norm" in ln for ln in lines), lines
     assert all("'reg': " in ln and "'stack': " in ln and "'dyn_shared': " in ln for ln in lines), lines
+    assert all(re.search(r" ptx [0-9a-f]{12}$", ln) for ln in lines), lines
     for bad in (["--op", "nosuch"], ["float8"]):
         r = run(*bad)
         assert r.returncode == 2 and "expected" in r.stderr, r.stderr
+
+
+def test_aot_code_digest_ignores_debug_information():
+    """aot.code_digest: the same instructions with other source lines (`.loc`, `$L__tmp` labels, the `.file`
+    and `.debug_*` sections after the code) hash alike; another instruction does not."""
+    from types import SimpleNamespace
+
+    from harness.impls.triton import aot
+
+    def ptx(loc, op="add.f32", path="/a/conv1d.py"):
+        return SimpleNamespace(asm={"ptx": (
+            f".visible .entry k(\n)\n{{\n\t.loc\t1 {loc} 5\n$L__tmp0:\n\t{op} \t%f3, %f1, %f2;\n"
+            f"\t// begin inline asm\n\tret;\n}}\n\t.file\t1 \"{path}\"\n\t.section\t.debug_abbrev\n{{\n"
+            f".b8 {loc}\n}}\n")})
+    assert aot.code_digest(ptx(40)) == aot.code_digest(ptx(57, path="/b/conv1d.py"))
+    assert aot.code_digest(ptx(40)) != aot.code_digest(ptx(40, op="sub.f32"))

@@ -7,7 +7,7 @@ CPU tensors, intercepts each kernel launch and compiles that variant for sm_90 i
 (HARNESS_AOT_NVIDIA=1 makes the launchers pick their CUDA paths for CPU tensors):
 
     python -m harness.impls.triton.aot [bfloat16 float16 float32 float64] [--shapes aot|gpu] [--op NAME]
-                                        [--resources]
+                                        [--resources] [--digest]
 
 Prints one line per compiled kernel variant and "ok N"; exits 2 when Triton here has no CUDA backend
 able to compile (reason printed), 1 on a compile error. Must run without TRITON_INTERPRET. Nothing runs:
@@ -17,8 +17,10 @@ outputs of the intercepted launches stay uninitialised.
 the H200 runs) instead of the small "aot" ones; `--op` keeps only those ops; `--resources` adds to each line
 what the sm_90 binary needs per thread and block (registers, local memory -- spills and stack --, static and
 dynamic shared memory), read with the cuobjdump Triton ships: a kernel engineer's first look at occupancy and
-spills without a GPU. Each launch is specialised as Triton's JIT specialises it on a GPU (its own binder and
-argument packing): pointers 16-byte aligned and integers divisible by 16 carry `tt.divisibility`, integers
+spills without a GPU; `--digest` a hash of each variant's PTX without its debug information (`code_digest`):
+the same hashes before and after a change of the Triton source show that the change left the compiled code
+as it was, which a refactor of a kernel tested on the H200 needs to show without one. Each launch is
+specialised as Triton's JIT specialises it on a GPU (its own binder and argument packing): pointers 16-byte aligned and integers divisible by 16 carry `tt.divisibility`, integers
 equal to 1 become constants. Without those facts loads do not vectorise and the figures are those of scalar
 loads (far more registers and stack); on a Triton without those internals the tool compiles from the argument
 types alone and the figures are that pessimistic.
@@ -51,6 +53,19 @@ def resources(compiled) -> dict:
         if m:
             out[key.lower()] = int(m.group(1))
     return out
+
+
+def code_digest(compiled) -> str:
+    """A short hash of a compiled kernel's PTX without its debug information (`.loc` lines, `$L__tmp`
+    labels, the `.file` and `.debug_*` sections that follow the code): equal digests before and after a
+    change of the Triton source mean the change left the compiled code as it was (moved lines, shared jit
+    helpers that inline back to the same instructions)."""
+    import hashlib
+    import re
+    code = compiled.asm["ptx"].split("\n\t.file", 1)[0]
+    kept = [line for line in code.splitlines()
+            if not re.match(r"\s*(\.loc\b|\$L__tmp\d+:|//)", line)]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12]
 
 
 def _jit_specialisation(kernel, backend):
@@ -96,7 +111,7 @@ def _type_signature(kernel, args, kw):
     return sig, const
 
 
-def _intercept(kernel, seen, target, show_resources: bool = False):
+def _intercept(kernel, seen, target, show_resources: bool = False, show_digest: bool = False):
     import triton
     from triton.compiler import ASTSource, make_backend
 
@@ -117,6 +132,7 @@ def _intercept(kernel, seen, target, show_resources: bool = False):
                 compiled = triton.compile(ASTSource(kernel, sig, const, attrs), target=target, options=options)
                 seen[key] = True
                 extra = f" {resources(compiled)}" if show_resources else ""
+                extra += f" ptx {code_digest(compiled)}" if show_digest else ""
                 print("compiled", kernel.__name__, {k: str(v) for k, v in shown.items()}, opts, extra, flush=True)
         return launch
 
@@ -144,6 +160,8 @@ def main(argv) -> int:
     p.add_argument("--shapes", choices=("aot", "gpu"), default="aot", help="the spec shapes to drive the ops at")
     p.add_argument("--op", action="append", default=None, help="only these ops (comma-separated, repeatable)")
     p.add_argument("--resources", action="store_true", help="registers, local and shared memory per variant")
+    p.add_argument("--digest", action="store_true",
+                   help="a hash of each variant's PTX without debug information (code_digest)")
     args = p.parse_args(argv)
     from harness.ops import SPECS
     only = [o for v in args.op or () for o in v.split(",") if o]
@@ -153,10 +171,10 @@ def main(argv) -> int:
     for dn in args.dtypes:
         if not isinstance(getattr(torch, dn, None), torch.dtype):
             p.error(f"dtypes: expected torch dtype names (bfloat16, float16, float32, float64), got {dn!r}")
-    return _compile_all(args.dtypes, args.shapes, only or None, args.resources)
+    return _compile_all(args.dtypes, args.shapes, only or None, args.resources, args.digest)
 
 
-def _compile_all(dtype_names, shapes: str, only, show_resources: bool) -> int:
+def _compile_all(dtype_names, shapes: str, only, show_resources: bool, show_digest: bool = False) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1 is set: kernels are interpreted, nothing to compile")
         return 2
@@ -184,7 +202,7 @@ def _compile_all(dtype_names, shapes: str, only, show_resources: bool) -> int:
         mod = importlib.import_module(f"harness.impls.triton.{m.name}")
         for name, obj in vars(mod).items():
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
-                _intercept(obj, seen, target, show_resources)
+                _intercept(obj, seen, target, show_resources, show_digest)
     for dn in dtype_names:
         dtype = getattr(torch, dn)
         try:
