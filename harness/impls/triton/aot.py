@@ -21,9 +21,10 @@ spills without a GPU; `--digest` a hash of each variant's PTX without its debug 
 the same hashes before and after a change of the Triton source show that the change left the compiled code
 as it was, which a refactor of a kernel tested on the H200 needs to show without one. Each launch is
 specialised as Triton's JIT specialises it on a GPU (its own binder and argument packing): pointers 16-byte
-aligned and integers divisible by 16 carry `tt.divisibility`, integers equal to 1 become constants. Without those facts loads do not vectorise and the figures are those of scalar
-loads (far more registers and stack); on a Triton without those internals the tool compiles from the argument
-types alone and the figures are that pessimistic.
+aligned and integers divisible by 16 carry `tt.divisibility`, integers equal to 1 become constants. Without
+those facts loads do not vectorise and the figures are those of scalar loads (far more registers and stack);
+on a Triton without those internals the tool compiles from the argument types alone and the figures are that
+pessimistic.
 """
 from __future__ import annotations
 
