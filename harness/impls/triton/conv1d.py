@@ -55,6 +55,23 @@ def _weights(w_ptr, d, dmask, sw_d, sw_k, K: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
+def _channels(w_ptr, b_ptr, pid_d, D, sw_d, sw_k, sb_d, K: tl.constexpr, BD: tl.constexpr,
+              HAS_BIAS: tl.constexpr, ACC: tl.constexpr, I64D: tl.constexpr):
+    """Channel block pid_d: its channels d (int64 when I64D), their mask, their K taps and their bias in ACC
+    (zeros without one)."""
+    d = pid_d * BD + tl.arange(0, BD)
+    if I64D:
+        d = d.to(tl.int64)
+    dmask = d < D
+    ws = _weights(w_ptr, d, dmask, sw_d, sw_k, K, ACC)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + d * sb_d, mask=dmask, other=0.0).to(ACC)
+    else:
+        bias = tl.zeros((BD,), dtype=ACC)
+    return d, dmask, ws, bias
+
+
+@triton.jit
 def _epilogue(acc, SILU: tl.constexpr, FAST: tl.constexpr):
     """SiLU; FAST (fp32 on a GPU): x * rcp(1 + 2^(-x log2 e)) with the approximate ftz instructions
     (2 MUFU + 3 ALU instead of ~12 instructions with the denormal fix-ups of exp and division)."""
@@ -100,17 +117,9 @@ def _conv_varlen_kernel(x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr, y
         pid_d = tl.program_id(1)
     ts = pid_t * SEG
     te = tl.minimum(ts + SEG, T)
-    d = pid_d * BD + tl.arange(0, BD)
-    if I64D:
-        d = d.to(tl.int64)
-    dmask = d < D
+    d, dmask, ws, bias = _channels(w_ptr, b_ptr, pid_d, D, sw_d, sw_k, sb_d, K, BD, HAS_BIAS, ACC, I64D)
     xo = d * sx_d
     yo = d * sy_d
-    ws = _weights(w_ptr, d, dmask, sw_d, sw_k, K, ACC)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + d * sb_d, mask=dmask, other=0.0).to(ACC)
-    else:
-        bias = tl.zeros((BD,), dtype=ACC)
     # s: the sequence of token ts (the largest s < S with qsl[s] <= ts; then qsl[s + 1] > ts);
     # own: the first sequence the program owns (the smallest s with qsl[s] >= ts)
     lo = pid_t * 0
@@ -227,15 +236,7 @@ def _conv_update_kernel(x_ptr, w_ptr, b_ptr, st_ptr, idx_ptr, y_ptr, Bsz, D, pad
     # one program: ROWS batch rows x BD channels; weights loaded once; all loads before any store
     pid_b = tl.program_id(0)
     pid_d = tl.program_id(1)
-    d = pid_d * BD + tl.arange(0, BD)
-    if I64D:
-        d = d.to(tl.int64)
-    dmask = d < D
-    ws = _weights(w_ptr, d, dmask, sw_d, sw_k, K, ACC)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + d * sb_d, mask=dmask, other=0.0).to(ACC)
-    else:
-        bias = tl.zeros((BD,), dtype=ACC)
+    d, dmask, ws, bias = _channels(w_ptr, b_ptr, pid_d, D, sw_d, sw_k, sb_d, K, BD, HAS_BIAS, ACC, I64D)
     xs = ()
     wins = ()
     sbs = ()

@@ -25,7 +25,7 @@ from harness import ops as C
 from harness.impls.registry import provides
 from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
                                           nvidia_fast, softplus_fast, unit_stride)
-from harness.impls.triton.conv1d import _acc as _conv_acc, _epilogue, _i64d, _weights
+from harness.impls.triton.conv1d import _acc as _conv_acc, _channels, _epilogue, _i64d
 from harness.impls.triton.selective_state_update import _acc, _clamp, _softplus
 
 # Launch parameters (defaults: those of the one-token kernels, selective_state_update.json / conv1d.json, to be
@@ -206,15 +206,7 @@ def _spec_conv_kernel(x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, tab_ptr, acc_ptr, y_
     # tuple of K-1 vectors in registers, shifted by one input per position
     b = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
-    d = pid_d * BD + tl.arange(0, BD)
-    if I64D:
-        d = d.to(tl.int64)
-    dmask = d < D
-    ws = _weights(w_ptr, d, dmask, sw_d, sw_k, K, ACC)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + d * sb_d, mask=dmask, other=0.0).to(ACC)
-    else:
-        bias = tl.zeros((BD,), dtype=ACC)
+    d, dmask, ws, bias = _channels(w_ptr, b_ptr, pid_d, D, sw_d, sw_k, sb_d, K, BD, HAS_BIAS, ACC, I64D)
     start, ntok, init = _row(qsl_ptr, tab_ptr, acc_ptr, b, st0, st1, pad_id, S)
     _zero_padding_row(y_ptr, qsl_ptr, b, start, ntok, d * sy_d, dmask, sy_t)
     lm = tl.where(ntok > 0, dmask, False)
