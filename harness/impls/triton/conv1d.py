@@ -34,8 +34,8 @@ from harness.impls.triton._common import (launch, launch_config, cdiv, device_gu
 # when that would leave fewer than `progs` programs; dfirst: channel blocks vary fastest in the grid;
 # maxnreg: register cap (0 = none). Decode: upd_rows batch rows x upd_bd channels per program.
 # Defaults: best of the H200 sweep (`harness bench sweep --op causal_conv1d_varlen` / `causal_conv1d_update`;
-# the device's values in configs/<device>/conv1d.json). Offline sm_90
-# compile (Triton 3.6) of a wider config (bt 8, bd 1024, 8 warps, 3 stages; upd 512 x 2 rows): prefill 80 registers, no spills, 48 KiB shared
+# the device's values in configs/<device>/conv1d.json). Offline sm_90 compile (Triton 3.6) of a wider config
+# (bt 8, bd 1024, 8 warps, 3 stages; upd 512 x 2 rows): prefill 80 registers, no spills, 48 KiB shared
 # (3 CTAs / SM); decode 86 registers, one layout, no shared memory.
 CONFIG = launch_config("conv1d", {"bt": 16, "bd": 512, "warps": 4, "stages": 2, "dfirst": False, "chunks": 4,
                                   "progs": 1024, "maxnreg": 0, "upd_bd": 256, "upd_warps": 4, "upd_rows": 4})
