@@ -103,3 +103,21 @@ def test_device_folder_names():
     assert device_folder("NVIDIA H200") == "h200"
     assert device_folder("NVIDIA H100 80GB HBM3") == "h100"
     assert device_folder("NVIDIA GeForce RTX 4090") == "rtx"
+
+
+def test_gdn_output_launch_runs_one_stage_only():
+    """The GDN prefill's parallel output launch at two pipeline stages is compiled by Triton 3.6 for sm_90
+    into programs whose outputs differ from run to run (docs/findings.md): neither the module's default, nor
+    any device file, nor any sweep candidate sets out_stages above 1."""
+    from harness.bench.sweep import SWEEPS
+    from harness.impls.triton import delta_rule_chunk as M
+    assert _common.DEFAULTS[("delta_rule_chunk", "default")]["out_stages"] == 1
+    for dev in sorted(os.listdir(CONFIG_DIR)):
+        path = os.path.join(CONFIG_DIR, dev, "delta_rule_chunk.json")
+        if os.path.exists(path):
+            for cls, cfg in read_config_file(path).items():
+                assert cfg.get("out_stages", 1) == 1, (dev, cls)
+    for group in SWEEPS["gated_delta_rule_varlen"]:
+        for cand in group.candidates:
+            assert cand.get("out_stages", 1) == 1, (group.name, cand)
+    assert M.CONFIG["out_stages"] == 1 or os.environ.get("HARNESS_TRITON_CONFIG"), M.CONFIG
