@@ -406,6 +406,23 @@ def _update_rows(st, vn, kt, rk, G, g_last, valid, ACC: tl.constexpr, DOT: tl.co
 
 
 @triton.jit
+def _state_tile(st_ptr, slot, h, vb, use, K, V, ss0, ss1, ss2, ss3, BK: tl.constexpr, BV: tl.constexpr,
+                ACC: tl.constexpr):
+    """The (BV, BK) state tile of value rows vb * BV .. and head h in pool slot `slot`, in ACC (zeros unless
+    `use`): its key columns and mask, value rows and mask, pointers and mask (for the store back)."""
+    kcol = tl.arange(0, BK)
+    km = kcol < K
+    vrow = vb * BV + tl.arange(0, BV)
+    vm = vrow < V
+    # the flag as a vector (the interpreter mishandles vector & scalar bools)
+    usev = (vrow * 0 + use.to(tl.int32)) != 0
+    sptr = st_ptr + slot * ss0 + h * ss1 + vrow[:, None].to(tl.int64) * ss2 + kcol[None, :] * ss3
+    smask = vm[:, None] & km[None, :]
+    st = tl.load(sptr, mask=smask & usev[:, None], other=0.0).to(ACC)  # (BV, BK)
+    return kcol, km, vrow, vm, sptr, smask, st
+
+
+@triton.jit
 def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, qsl_ptr, idx_ptr, hi_ptr,
                      HPK, K, V, pad_id, scale_hi, scale_lo,
                      sq0, sq1, sq2, sk0, sk1, sk2, sw0, sw1, su0, su1, sa0, sa1, sgc0, sgc1, so0, so1, so2,
@@ -424,16 +441,9 @@ def _gdn_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, gc_ptr, o_ptr, st_ptr, q
     use = live & (tl.load(hi_ptr + s * s_hi) != 0)
     slot = tl.where(live, slot, 0)
     rows = tl.arange(0, CH)
-    kcol = tl.arange(0, BK)
-    km = kcol < K
-    vrow = vb * BV + tl.arange(0, BV)
-    vm = vrow < V
-    # the flags as vectors (the interpreter mishandles vector & scalar bools)
-    livev = (vrow * 0 + live.to(tl.int32)) != 0
-    usev = (vrow * 0 + use.to(tl.int32)) != 0
-    sptr = st_ptr + slot * ss0 + h * ss1 + vrow[:, None].to(tl.int64) * ss2 + kcol[None, :] * ss3
-    smask = vm[:, None] & km[None, :]
-    st = tl.load(sptr, mask=smask & usev[:, None], other=0.0).to(ACC)  # (BV, BK)
+    kcol, km, vrow, vm, sptr, smask, st = _state_tile(st_ptr, slot, h, vb, use, K, V, ss0, ss1, ss2, ss3, BK, BV,
+                                                      ACC)
+    livev = (vrow * 0 + live.to(tl.int32)) != 0  # a vector: the interpreter mishandles vector & scalar bools
     scale = tl.cast(scale_hi, ACC) + tl.cast(scale_lo, ACC)
     for t0 in range(q0, q1, CH):
         n = tl.minimum(q1 - t0, CH)
@@ -486,15 +496,8 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_p
         q1 = tl.load(qsl_ptr + (s + 1) * s_qsl).to(tl.int64)
         use = tl.load(hi_ptr + s * s_hi) != 0
         rows = tl.arange(0, CH)
-        kcol = tl.arange(0, BK)
-        km = kcol < K
-        vrow = vb * BV + tl.arange(0, BV)
-        vm = vrow < V
-        # the flag as a vector (the interpreter mishandles vector & scalar bools)
-        usev = (vrow * 0 + use.to(tl.int32)) != 0
-        sptr = st_ptr + slot * ss0 + h * ss1 + vrow[:, None].to(tl.int64) * ss2 + kcol[None, :] * ss3
-        smask = vm[:, None] & km[None, :]
-        st = tl.load(sptr, mask=smask & usev[:, None], other=0.0).to(ACC)  # (BV, BK)
+        kcol, km, vrow, vm, sptr, smask, st = _state_tile(st_ptr, slot, h, vb, use, K, V, ss0, ss1, ss2, ss3, BK,
+                                                          BV, ACC)
         hptr = hs_ptr + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :]
         c = _chunks_before(s, qsl_ptr, s_qsl, CH, BLOCK_S)
         for t0 in range(q0, q1, CH):
