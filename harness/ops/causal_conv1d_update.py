@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
-from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_call_ok
+from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_call_ok, conv_flops
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor
 
@@ -64,11 +64,6 @@ def nbytes(inp):
             + I.nbytes(inp["conv_state_indices"]) + I.pool_traffic(inp, "conv_states", "conv_state_indices", None))
 
 
-def flops(inp):
-    B, D = inp["x"].shape
-    return 2 * B * D * inp["weight"].shape[1]
-
-
 SPEC = OpSpec(
     name="causal_conv1d_update",
     in_place="x",  # vLLM and SGLang run it in place: their out defaults to x
@@ -76,7 +71,7 @@ SPEC = OpSpec(
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="conv_state_indices",
     validate=validate_causal_conv1d_update, checks=check_rules, reference=reference,
-    inputs=inputs, bytes=nbytes, flops=flops,
+    inputs=inputs, bytes=nbytes, flops=conv_flops,
     tokens=I.tokens_B,
     shapes={
         "cpu": [dict(B=8, D=64, K=4)],

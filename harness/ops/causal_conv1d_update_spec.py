@@ -17,7 +17,7 @@ from __future__ import annotations
 from harness.ops import _checks as ck
 from harness.ops import _inputs as I
 from harness.ops import _spec_decode as SD
-from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_call_ok
+from harness.ops.causal_conv1d_varlen import _width9, check_conv_params, conv_call_ok, conv_flops
 from harness.ops.spec import OpSpec
 from reference.validate import check_tensor
 
@@ -88,11 +88,6 @@ def nbytes(inp):
             + I.nbytes(inp["num_accepted_tokens"]) + SD.pool_traffic(inp, "conv_states", "conv_state_indices"))
 
 
-def flops(inp):
-    T, D = inp["x"].shape
-    return 2 * T * D * inp["weight"].shape[1]
-
-
 SPEC = OpSpec(
     name="causal_conv1d_update_spec",
     in_place="x",  # vLLM and SGLang run it in place: their out defaults to x
@@ -100,7 +95,7 @@ SPEC = OpSpec(
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="conv_state_indices",
     validate=validate_causal_conv1d_update_spec, checks=check_rules, reference=reference,
-    inputs=inputs, bytes=nbytes, flops=flops,
+    inputs=inputs, bytes=nbytes, flops=conv_flops,
     tokens=SD.tokens,
     shapes={
         "cpu": [dict(B=8, D=64, K=4, num_spec=2)],

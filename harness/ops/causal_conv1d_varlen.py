@@ -123,9 +123,10 @@ def nbytes(inp):
             + I.pool_traffic(inp, "conv_states", "cache_indices", "has_initial_state"))
 
 
-def flops(inp):
-    T, D = inp["x"].shape
-    return 2 * T * D * inp["weight"].shape[1]
+def conv_flops(inp):
+    """FLOPs of the conv ops: a multiply-add per tap for every row of x (tokens or decode rows) and channel."""
+    rows, D = inp["x"].shape
+    return 2 * rows * D * inp["weight"].shape[1]
 
 
 def _width9(k):
@@ -138,7 +139,7 @@ SPEC = OpSpec(
     options=dict(activation=None, pad_slot_id=ck.PAD_SLOT_ID, out=None),
     pool="conv_states", index="cache_indices",
     validate=validate_causal_conv1d_varlen, checks=check_rules, reference=reference,
-    inputs=inputs, bytes=nbytes, flops=flops,
+    inputs=inputs, bytes=nbytes, flops=conv_flops,
     tokens=I.tokens_T,
     shapes={
         "cpu": [dict(T=64, D=64, K=4, S=2), dict(T=256, D=64, K=4, S=2)],
