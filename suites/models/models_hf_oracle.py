@@ -313,3 +313,26 @@ def first_clear_mismatch(ours: list[int], oracle: list[int], oracle_logits: torc
     if len(ours) != len(oracle):
         return len(min(ours, oracle, key=len)), None, None, float("inf")
     return None
+
+
+def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *, seed: int, context: str,
+                        margin: float = 1e-3, show_cached: bool = False) -> None:
+    """The engine's requests ``r{i}`` (`results` of a runner built by `factory`) against transformers'
+    greedy generation of each prompt (`oracle`: hf_greedy's (tokens, logits) per prompt): the tokens agree
+    tie-aware (first_clear_mismatch with `margin`), and the logits of the steps where both chose the same
+    tokens (after a tie the inputs differ) are within tolerance. transformers runs in fp32: the comparison
+    cannot be tighter than fp32's policy (x2 for depth). `show_cached`: a token mismatch's message also says
+    how many tokens the request took from the prefix cache."""
+    from harness.testing.checks import tolerance_for
+    tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
+    for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
+        r = results[f"r{i}"]
+        bad = first_clear_mismatch(list(r.tokens), toks, logits, margin)
+        cached = f", {r.num_cached} tokens from the prefix cache" if show_cached else ""
+        assert bad is None, (f"{family} engine[{factory.impl.name}, {factory.dtype}] request {i} (prompt {p}{cached}): "
+                             f"greedy token differs from transformers at step {bad[0]}: ours {bad[1]}, "
+                             f"transformers {bad[2]} (margin {bad[3]:.3e})\nours {list(r.tokens)}\nhf   {toks}")
+        agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
+        check.close(f"{family} request {i}: step logits vs transformers", r.step_logits[:agree, :logits.shape[-1]],
+                    logits[:agree].double(), op="engine_generate", impl=factory.impl, dtype=factory.dtype,
+                    tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]}, context=context)

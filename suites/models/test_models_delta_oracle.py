@@ -32,7 +32,8 @@ from reference import families
 from reference.loader import detect_config, load_checkpoint, safetensors_keys
 from reference.models import ReferenceLM
 
-from models_hf_oracle import first_clear_mismatch, hf_greedy, quiet_transformers, randomize_, top2_margin
+from models_hf_oracle import (check_engine_greedy, first_clear_mismatch, hf_greedy, quiet_transformers, randomize_,
+                              top2_margin)
 
 MARGIN = 1e-3
 FAMILIES = ("gdn", "kda")
@@ -234,19 +235,8 @@ def _engine_parity(d: HybridDims, seed: int, budget: int, prompts, impl, device,
     results = runner.run([Request(f"r{i}", p, max_new_tokens=n_new) for i, p in enumerate(prompts[:3])])
     results.update(runner.run([Request("r3", prompts[3], max_new_tokens=n_new)]))
     assert results["r3"].num_cached >= 8, f"the fourth request was not seeded from the prefix cache: {results['r3']}"
-    tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
-    for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
-        r = results[f"r{i}"]
-        bad = first_clear_mismatch(list(r.tokens), toks, logits, MARGIN)
-        assert bad is None, (f"{family} engine[{factory.impl.name}, {factory.dtype}] request {i} (prompt {p}, "
-                             f"{r.num_cached} tokens from the prefix cache): greedy token differs from transformers "
-                             f"at step {bad[0]}: ours {bad[1]}, transformers {bad[2]} (margin {bad[3]:.3e})\n"
-                             f"ours {list(r.tokens)}\nhf   {toks}")
-        agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
-        check.close(f"{family} request {i}: step logits vs transformers", r.step_logits[:agree, :logits.shape[-1]],
-                    logits[:agree].double(), op="engine_generate", impl=factory.impl, dtype=factory.dtype,
-                    tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]},
-                    context=f"oracle: transformers generate (fp32); token budget {budget}; {d}")
+    check_engine_greedy(check, family, factory, prompts, oracle, results, seed=seed, margin=MARGIN, show_cached=True,
+                        context=f"oracle: transformers generate (fp32); token budget {budget}; {d}")
 
 
 # one mixture-of-experts model per family whatever the draws: every layer's MLP routed (Kimi Linear: two

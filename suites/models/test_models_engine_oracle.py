@@ -15,11 +15,10 @@ import torch
 from hypothesis import given, strategies as st
 
 from harness.engine.scheduler import Request
-from harness.testing.checks import tolerance_for
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason
 
-from models_hf_oracle import Dims, mamba2_group_choices, first_clear_mismatch, hf_greedy, hf_model, quiet_transformers
+from models_hf_oracle import Dims, check_engine_greedy, hf_greedy, hf_model, mamba2_group_choices, quiet_transformers
 
 N_NEW = 32
 MARGIN = 1e-3
@@ -63,18 +62,5 @@ def test_models_engine_greedy_matches_transformers(family, data, impl, device, c
         w = load_weights(tmp, device=device)
     runner = factory((w.config, w.params), num_slots=4, token_budget=budget)
     results = runner.run([Request(f"r{i}", p, max_new_tokens=N_NEW) for i, p in enumerate(prompts)])
-    # transformers runs in fp32: the comparison cannot be tighter than fp32's policy (x2 for depth)
-    tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
-    for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
-        r = results[f"r{i}"]
-        bad = first_clear_mismatch(list(r.tokens), toks, logits, MARGIN)
-        assert bad is None, (f"{family} engine[{factory.impl.name}, {factory.dtype}] request {i} (prompt {p}): "
-                             f"greedy token differs from transformers at step {bad[0]}: ours {bad[1]}, "
-                             f"transformers {bad[2]} (margin {bad[3]:.3e})\nours {list(r.tokens)}\nhf   {toks}")
-        agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
-        ours = torch.stack([torch.as_tensor(x) for x in r.step_logits])[:agree, :logits.shape[-1]]
-        # compare the logits of the steps where both chose the same tokens (after a tie the inputs differ)
-        check.close(f"{family} request {i}: step logits vs transformers", ours, logits[:agree].double(),
-                    op="engine_generate", impl=factory.impl, dtype=factory.dtype,
-                    tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]},
-                    context=f"oracle: transformers generate (fp32); token budget {budget}")
+    check_engine_greedy(check, family, factory, prompts, oracle, results, seed=seed, margin=MARGIN,
+                        context=f"oracle: transformers generate (fp32); token budget {budget}")
