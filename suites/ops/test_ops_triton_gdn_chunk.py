@@ -20,6 +20,10 @@ from reference.testing import cu_seqlens_from, gen
 from harness.testing import make_pool
 
 OP = "gated_delta_rule_varlen"
+# fp32 and fp64 with the in-op l2 normalisation, fp32 without it
+L2NORM_CASES = pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True),
+                                                       (torch.float32, False)],
+                                       ids=["float32", "float64", "float32-no-l2norm"])
 PAD = -1
 
 
@@ -48,8 +52,8 @@ def _case(lengths, device, dtype, *, Hk=1, Hv=2, K=8, V=5, slots=None, init=None
     init = [i % 2 == 0 for i in range(S)] if init is None else list(init)
     pool = make_pool(max(slots + [0]) + 2, (Hv, V, K), torch.float64 if dtype == torch.float64 else torch.float32,
                      device, layout=layout, seed=seed)
-    args = [q, k, v, g, beta, pool, cu_seqlens_from(lengths, device, dtype=torch.int32), torch.tensor(slots, dtype=torch.int32, device=device),
-            torch.tensor(init, dtype=torch.bool, device=device)]
+    args = [q, k, v, g, beta, pool, cu_seqlens_from(lengths, device, dtype=torch.int32),
+            torch.tensor(slots, dtype=torch.int32, device=device), torch.tensor(init, dtype=torch.bool, device=device)]
     return args, slots
 
 
@@ -60,6 +64,21 @@ def _check(check, impl, args, slots, dtype, *, l2norm=True, layout=None, **shape
     alt = (other_layout_pool(args[5], layout),) if layout else ()
     return run_pool_case(check, impl, OP, args, dict(use_qk_l2norm=l2norm), pool_pos=5, live_slots=slots, y_mask=None,
                          dtype=dtype, seed=0, shapes=shapes, out_like=args[2], alt_pools=alt)
+
+
+def _rerun_agrees(impl, M, cfg, args, y, pool, l2norm, what, exact_states=False):
+    """The op on `args` (a clone of the inputs that gave `y` and the final `pool`) under CONFIG overrides `cfg`:
+    outputs and final states equal to rounding (1e-12 in float64, 1e-5 else), the states bit for bit with
+    `exact_states`."""
+    with mock.patch.dict(M.CONFIG, cfg):
+        y2 = impl.op(OP)(*args, use_qk_l2norm=l2norm)
+    tol = 1e-12 if y.dtype == torch.float64 else 1e-5
+    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"outputs, {what}: {(y - y2).abs().max()}"
+    if exact_states:
+        assert torch.equal(pool, args[5]), f"final states, {what}: not bit for bit"
+    else:
+        assert torch.allclose(pool, args[5], rtol=tol, atol=tol), \
+            f"final states, {what}: {(pool - args[5]).abs().max()}"
 
 
 DTYPES = [torch.float32, torch.float64]
@@ -161,15 +180,10 @@ def test_output_pipelines(impl, device, check, dtype, outputs):
     with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs}):
         y, pool = _check(check, impl, args, live, dtype, outputs=outputs)
     other = "scan" if outputs == "parallel" else "parallel"
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": other}):
-        y2 = impl.op(OP)(*args2, use_qk_l2norm=True)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"outputs {outputs} vs {other}: {(y - y2).abs().max()}"
-    assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), f"states {outputs} vs {other}"
+    _rerun_agrees(impl, M, {"chunk": 16, "outputs": other}, args2, y, pool, True, f"{outputs} vs {other}")
 
 
-@pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
-                         ids=["float32", "float64", "float32-no-l2norm"])
+@L2NORM_CASES
 def test_output_key_blocks(impl, device, check, dtype, l2norm):
     """CONFIG["out_bk"]: the parallel output launch walking the key dimension in blocks of 16 (K 40: two
     full blocks and a partial one; the rows' sums of squares accumulated beside the dots, the l2 norms
@@ -183,11 +197,9 @@ def test_output_key_blocks(impl, device, check, dtype, l2norm):
     args2 = [a.clone() for a in args]
     with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": "parallel", "out_bk": 16}):
         y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, out_bk=16)
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": "parallel", "out_bk": 0}):
-        y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"out_bk 16 vs 0: {(y - y2).abs().max()}"
-    assert torch.equal(pool, args2[5]), "the final states do not depend on the output launch's key blocks"
+    # the final states do not depend on the output launch's key blocks
+    _rerun_agrees(impl, M, {"chunk": 16, "outputs": "parallel", "out_bk": 0}, args2, y, pool, l2norm,
+                  "out_bk 16 vs 0", exact_states=True)
 
 
 # the launches that can serve a key head's value heads in one program: (CONFIG keys set, the knob)
@@ -198,8 +210,7 @@ PER_KEY_HEAD = {"output": ({"outputs": "parallel", "out_bk": 16}, "out_heads"),
 
 @pytest.mark.parametrize("launch", list(PER_KEY_HEAD))
 @pytest.mark.parametrize("heads", [(1, 2), (2, 6)], ids=["Hk1-Hv2", "Hk2-Hv6"])
-@pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
-                         ids=["float32", "float64", "float32-no-l2norm"])
+@L2NORM_CASES
 def test_launch_per_key_head(impl, device, check, dtype, l2norm, heads, launch):
     """CONFIG["out_heads"] / ["prep_heads"] "key": the parallel output launch (q k^T and the norms formed once, a
     pass over K per value head for q S_c^T; key blocks of 16 over K 40) or the per-chunk launch (the normalised
@@ -216,11 +227,7 @@ def test_launch_per_key_head(impl, device, check, dtype, l2norm, heads, launch):
     args2 = [a.clone() for a in args]
     with mock.patch.dict(M.CONFIG, {"chunk": 16, **base, knob: "key"}):
         y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, **{knob: "key"}, outputs=base["outputs"])
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, **base, knob: "value"}):
-        y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"{knob} key vs value: {(y - y2).abs().max()}"
-    assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), f"final states, {knob} key vs value"
+    _rerun_agrees(impl, M, {"chunk": 16, **base, knob: "value"}, args2, y, pool, l2norm, f"{knob} key vs value")
 
 
 def test_prep_per_key_head_needs_the_whole_key_width(impl, device):
@@ -238,8 +245,7 @@ def test_prep_per_key_head_needs_the_whole_key_width(impl, device):
 
 
 @pytest.mark.parametrize("outputs", ["parallel", "scan"])
-@pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
-                         ids=["float32", "float64", "float32-no-l2norm"])
+@L2NORM_CASES
 def test_prep_key_blocks(impl, device, check, dtype, l2norm, outputs):
     """CONFIG["prep_bk"]: the per-chunk launch walking the key dimension in blocks of 16 (K 40: two full
     blocks and a partial one; k k^T, and q k^T for the "scan" pipeline, accumulated over the blocks with the
@@ -253,12 +259,8 @@ def test_prep_key_blocks(impl, device, check, dtype, l2norm, outputs):
     args2 = [a.clone() for a in args]
     with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "prep_bk": 16}):
         y, pool = _check(check, impl, args, live, dtype, l2norm=l2norm, prep_bk=16, outputs=outputs)
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "prep_bk": 0}):
-        y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"prep_bk 16 vs 0: {(y - y2).abs().max()}"
-    assert torch.allclose(pool, args2[5], rtol=tol, atol=tol), \
-        f"states, prep_bk 16 vs 0: {(pool - args2[5]).abs().max()}"
+    _rerun_agrees(impl, M, {"chunk": 16, "outputs": outputs, "prep_bk": 0}, args2, y, pool, l2norm,
+                  "prep_bk 16 vs 0")
 
 
 @pytest.mark.parametrize("bk", [0, 16], ids=["whole-width", "key-blocks"])
@@ -357,8 +359,7 @@ def test_update_keys_rows(impl, device, check, case, outputs):
 
 
 @pytest.mark.parametrize("outputs", ["parallel", "scan"])
-@pytest.mark.parametrize("dtype,l2norm", [(torch.float32, True), (torch.float64, True), (torch.float32, False)],
-                         ids=["float32", "float64", "float32-no-l2norm"])
+@L2NORM_CASES
 def test_update_keys_agree(impl, device, dtype, l2norm, outputs):
     """CONFIG["update_keys"] "stored" and "rows" on the same inputs: outputs and final states equal to
     rounding (the products' factors applied to other operands), in either pipeline."""
@@ -368,12 +369,8 @@ def test_update_keys_agree(impl, device, dtype, l2norm, outputs):
     args2 = [a.clone() for a in args]
     with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "update_keys": "stored"}):
         y = impl.op(OP)(*args, use_qk_l2norm=l2norm)
-    with mock.patch.dict(M.CONFIG, {"chunk": 16, "outputs": outputs, "update_keys": "rows"}):
-        y2 = impl.op(OP)(*args2, use_qk_l2norm=l2norm)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(y, y2, rtol=tol, atol=tol), f"outputs, stored vs rows: {(y - y2).abs().max()}"
-    assert torch.allclose(args[5], args2[5], rtol=tol, atol=tol), \
-        f"states, stored vs rows: {(args[5] - args2[5]).abs().max()}"
+    _rerun_agrees(impl, M, {"chunk": 16, "outputs": outputs, "update_keys": "rows"}, args2, y, args[5], l2norm,
+                  "stored vs rows")
 
 
 @pytest.mark.parametrize("update_keys", ["default", "rows"])
