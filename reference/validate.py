@@ -13,6 +13,13 @@ def fail(arg: str, expected: str, got) -> None:
     raise ValueError(f"{arg}: expected {expected}, got {got}")
 
 
+def check_int(arg: str, v, lo: int) -> int:
+    """`v` as given when it is an int (not a bool) >= lo; else ValueError naming `arg`."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        fail(arg, f"an int >= {lo}", repr(v))
+    return v
+
+
 def _shape_str(shape) -> str:
     return str(tuple('*' if s is None else s for s in shape))
 

@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 
 from harness.engine.pool import PAD_SLOT_ID, PoolExhausted, StatePool
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 __all__ = ["KVPool", "HybridPool", "local_kv_spec", "paged_attention", "token_positions"]
 
@@ -44,8 +44,7 @@ class KVPool:
     def __init__(self, spec, num_layers: int, *, page_size: int = 16, num_pages: int = 16, device="cpu",
                  dtype: torch.dtype | None = None, grow: bool = True):
         for name, v in (("num_layers", num_layers), ("page_size", page_size), ("num_pages", num_pages)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                fail(name, "an int >= 1", repr(v))
+            check_int(name, v, 1)
         self.spec = spec
         self.num_layers = num_layers
         self.page_size = page_size

@@ -54,7 +54,7 @@ from typing import Sequence
 import torch
 
 from reference.cache import check_block_size, check_cache_mode, snapshot_positions
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 from .pool import PAD_SLOT_ID
 
@@ -232,10 +232,8 @@ def build_metadata(batch, *, num_computed_tokens: Sequence[int] | None = None,
     entries = _entries(batch)
     check_cache_mode(mode)
     check_block_size(block_size)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        fail("chunk_size", "an int >= 1", repr(chunk_size))
-    if isinstance(num_spec, bool) or not isinstance(num_spec, int) or num_spec < 0:
-        fail("num_spec", "an int >= 0", repr(num_spec))
+    check_int("chunk_size", chunk_size, 1)
+    check_int("num_spec", num_spec, 0)
     S = len(entries)
     slots = _int_list("slots", [e.slot for e in entries], S, minimum=None)
     for i, s in enumerate(slots):

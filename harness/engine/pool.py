@@ -45,7 +45,7 @@ import torch
 
 from harness.ops import PAD_SLOT_ID  # the op contract's pad id (one definition)
 from reference.cache import GDNSpec, KDASpec, Mamba1Spec, Mamba2Spec, itemsize
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 LAYOUTS = ("layer_major", "page_major")
 _STATE_ALIGN = 16  # byte alignment of every state inside a page
@@ -101,8 +101,7 @@ class StatePool:
         if not isinstance(spec, (Mamba1Spec, Mamba2Spec, GDNSpec, KDASpec)):
             fail("spec", "a reference.cache spec (Mamba1Spec, Mamba2Spec, GDNSpec or KDASpec)", type(spec).__name__)
         for name, v, lo in (("num_layers", num_layers, 1), ("num_slots", num_slots, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                fail(name, f"an int >= {lo}", repr(v))
+            check_int(name, v, lo)
         if layout not in LAYOUTS:
             fail("layout", f"one of {list(LAYOUTS)}", repr(layout))
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
@@ -230,8 +229,7 @@ class StatePool:
         """Hand out the `n` lowest free slot ids at once (a request's slot group: its state plus one slot per
         speculative token, ``reference.cache.slots_needed``); all or nothing: :class:`PoolExhausted` when
         fewer than `n` are free, and nothing is handed out."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            fail("n", "an int >= 1", repr(n))
+        check_int("n", n, 1)
         if len(self._free_heap) < n:
             raise PoolExhausted(f"state pool exhausted: {n} slots wanted, {len(self._free_heap)} of "
                                 f"{self.num_slots} free")

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 from reference.cache import check_block_size, check_cache_mode
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 
 def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
@@ -44,8 +44,7 @@ class PrefixCache:
     def __init__(self, mode: str = "all", block_size: int = 16, capacity: int = 64):
         check_cache_mode(mode)
         check_block_size(block_size)
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            fail("capacity", "an int >= 1", repr(capacity))
+        check_int("capacity", capacity, 1)
         self.mode = mode
         self.block_size = block_size
         self.capacity = capacity

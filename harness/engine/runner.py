@@ -83,7 +83,7 @@ from harness.engine.scheduler import BatchEntry, Request, Scheduler
 from harness.ops import _checks as ck
 from harness.ops import no_index_checks
 from reference.cache import check_block_size, check_cache_mode, snapshot_positions
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 __all__ = ["EngineRunner", "Result", "model_parts", "state_spec", "random_chunk_fn"]
 
@@ -137,12 +137,6 @@ def random_chunk_fn(seed: int) -> Callable:
     return fn
 
 
-def _int_arg(name, v, lo):
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        fail(name, f"an int >= {lo}", repr(v))
-    return v
-
-
 class EngineRunner:
     """A small serving engine over one implementation (see module doc).
 
@@ -187,16 +181,16 @@ class EngineRunner:
         if not isinstance(tp, TensorParallel):
             fail("tp", "None or a harness.engine.tp.TensorParallel", type(tp).__name__)
         engine_families.get(cfg.family, "cfg.family").check_tp(cfg, tp.size)
-        _int_arg("num_slots", num_slots, 1)
-        _int_arg("token_budget", token_budget, 1)
-        _int_arg("decode_pad_multiple", decode_pad_multiple, 1)
+        check_int("num_slots", num_slots, 1)
+        check_int("token_budget", token_budget, 1)
+        check_int("decode_pad_multiple", decode_pad_multiple, 1)
         check_cache_mode(cache_mode)
         check_block_size(block_size)
         if chunk_size is not None:
-            _int_arg("chunk_size", chunk_size, 1)
+            check_int("chunk_size", chunk_size, 1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             fail("dtype", "a floating-point torch.dtype", repr(dtype))
-        _int_arg("num_spec", num_spec, 0)
+        check_int("num_spec", num_spec, 0)
         if num_spec:
             self._check_spec(cfg, impl, proposer)
         elif proposer is not None:

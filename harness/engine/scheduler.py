@@ -43,7 +43,7 @@ from typing import Callable, Hashable
 
 import torch
 
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 from .pool import StatePool, is_integer_dtype
 
@@ -224,20 +224,17 @@ class Scheduler:
                  draft_fn: Callable[[Hashable, tuple, int], object] | None = None):
         if not isinstance(pool, StatePool):
             fail("pool", "a StatePool", type(pool).__name__)
-        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
-            fail("token_budget", "an int >= 1", repr(token_budget))
+        check_int("token_budget", token_budget, 1)
         if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
                                           or max_model_len < 2):
             fail("max_model_len", "None or an int >= 2", repr(max_model_len))
-        if isinstance(num_spec, bool) or not isinstance(num_spec, int) or num_spec < 0:
-            fail("num_spec", "an int >= 0", repr(num_spec))
+        check_int("num_spec", num_spec, 0)
         if pool.num_slots < 1 + num_spec:
             fail("pool", f"at least 1 + num_spec = {1 + num_spec} slots (one request's group)",
                  f"{pool.num_slots} slots")
         if max_num_seqs is None:
             max_num_seqs = pool.num_slots // (1 + num_spec)
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            fail("max_num_seqs", "an int >= 1", repr(max_num_seqs))
+        check_int("max_num_seqs", max_num_seqs, 1)
         self.pool = pool
         self.token_budget = token_budget
         self.max_model_len = max_model_len

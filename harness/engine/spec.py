@@ -35,7 +35,7 @@ from typing import Hashable, Mapping, Protocol, Sequence
 import torch
 
 from harness.engine.metadata import decode_rows, prefill_rows
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 __all__ = ["DraftProposer", "NoDrafts", "RandomProposer", "OracleProposer", "verify_greedy", "SpecConvMixin",
            "SpecDecodeMixin", "spec_ops"]
@@ -54,9 +54,7 @@ class NoDrafts:
 
 
 def _check_vocab(vocab_size) -> int:
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-        fail("vocab_size", "an int >= 2", repr(vocab_size))
-    return vocab_size
+    return check_int("vocab_size", vocab_size, 2)
 
 
 def _rng(seed, request_id, n: int, j: int) -> random.Random:

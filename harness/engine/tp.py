@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from reference.validate import fail
+from reference.validate import check_int, fail
 
 __all__ = ["TensorParallel", "SINGLE", "rank_device", "default_backend", "kv_heads_of_rank", "split_heads",
            "shard_rule", "shard_mixer_params", "state_slice", "distributed_unavailable", "launch", "run_engines",
@@ -53,8 +53,7 @@ class TensorParallel:
     touched."""
 
     def __init__(self, rank: int = 0, size: int = 1, group=None):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            fail("tp_size", "an int >= 1", repr(size))
+        check_int("tp_size", size, 1)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
             fail("tp_rank", f"an int in 0..{size - 1}", repr(rank))
         self.rank, self.size, self.group = rank, size, group
@@ -287,8 +286,7 @@ def launch(fn, tp_size: int, *args, device="cpu", backend: str | None = None, th
     threads per rank (None: torch's default). A rank that raises makes this raise with its traceback; a
     collective that waits longer than `timeout` seconds for another rank fails."""
     import torch.multiprocessing as mp
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        fail("tp_size", "an int >= 1", repr(tp_size))
+    check_int("tp_size", tp_size, 1)
     why = distributed_unavailable(device, tp_size)
     if why:
         raise RuntimeError(why)
