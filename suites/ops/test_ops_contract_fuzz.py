@@ -33,13 +33,24 @@ def _tensors(kw: dict) -> list[str]:
     return [k for k, v in kw.items() if torch.is_tensor(v) and v.device.type != "meta"]
 
 
-def _role(sp, arg: str) -> str:
+# dtypes that are wrong for an argument of each role (an index-like argument takes int32 and int64)
+BAD_DTYPES = {"index": (torch.float32, torch.float64, torch.bool, torch.complex64),
+              "offsets": (torch.float32, torch.float64, torch.bool, torch.complex64),
+              "flags": (torch.float32, torch.int64, torch.complex64),
+              "float": NON_FLOAT}
+
+
+def _role(sp, arg: str, t: torch.Tensor) -> str:
+    """The argument's role, for the dtypes that are defects of it: slot ids, offsets, flags, other integer
+    tensors (counts such as num_accepted_tokens: index-like), or floats."""
     if arg == sp.index:
         return "index"
     if arg == "query_start_loc":
         return "offsets"
-    if arg == "has_initial_state":
+    if arg == "has_initial_state" or t.dtype == torch.bool:
         return "flags"
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return "index"
     return "float"
 
 
@@ -64,11 +75,7 @@ def _mutate(data, sp, kw: dict) -> tuple[str, str, bool]:
         arg = data.draw(st.sampled_from(tensors), label="argument")
         t = kw[arg]
         if kind == "dtype":
-            role = _role(sp, arg)
-            bad = {"index": (torch.float32, torch.float64, torch.bool, torch.complex64),
-                   "offsets": (torch.float32, torch.float64, torch.bool, torch.complex64),
-                   "flags": (torch.float32, torch.int64, torch.complex64),
-                   "float": NON_FLOAT}[role]
+            bad = BAD_DTYPES[_role(sp, arg, t)]
             with warnings.catch_warnings():  # complex -> real after an earlier complex defect
                 warnings.simplefilter("ignore", UserWarning)
                 kw[arg] = t.to(data.draw(st.sampled_from(bad), label="dtype"))
@@ -191,3 +198,18 @@ def test_fast_path_agrees_with_the_checks(device, op, data):
     with contextlib.nullcontext() if data.draw(st.booleans(), label="index checks") else no_index_checks():
         fast, slow = validator_paths(sp, pos, opt)
     assert fast == slow, f"{op} (defects {defects}): the validator gives {fast}, its checks {slow}"
+
+
+@pytest.mark.parametrize("op", [o for o in OPS if "num_accepted_tokens" in SPECS[o].args])
+def test_accepted_counts_are_index_like(op):
+    """num_accepted_tokens is an integer count: int32 is no dtype defect of it, and each of the index role's bad
+    dtypes is one the contract rejects naming it (the fuzz once drew int32 from the float role's defects for it:
+    gated_delta_rule_update_spec, contract shape B 2, Hk 2, Hv 4, K 3, V 2, num_spec 2, seed 0)."""
+    sp = SPECS[op]
+    kw = sp.inputs(sp.shapes["contract"][0], torch.float32, "cpu", torch.Generator().manual_seed(0))
+    t = kw["num_accepted_tokens"]
+    assert _role(sp, "num_accepted_tokens", t) == "index"
+    assert _contract_error(sp, dict(kw, num_accepted_tokens=t.to(torch.int32))) is None
+    for dtype in BAD_DTYPES["index"]:
+        err = _contract_error(sp, dict(kw, num_accepted_tokens=t.to(dtype)))
+        assert err is not None and "num_accepted_tokens" in str(err), (op, dtype, err)
