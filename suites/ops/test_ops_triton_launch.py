@@ -37,6 +37,9 @@ def _calls():
     for n in (1, 2, 16, 17, 32, 0, -1, 2 ** 31 - 1, 2 ** 31, 2 ** 40, True, False, 1.0, 0.0):
         yield (x, x, n, 1, 16, 0.5, True), dict(BLOCK=16)
     yield (x, x, 3, 1, 16, 0.5, True), dict(BLOCK=16)
+    # a constexpr as True and as 1: one key of a dict, two specialisations (the nightly profile's minimal case)
+    yield (x, x, 0, 0, 0, 0, 0), dict(BLOCK=16, NEG=True)
+    yield (x, x, 0, 0, 0, 0, 0), dict(BLOCK=16, NEG=1)
     yield (x[1:], x, 7, 3, 1, 2.0, False), dict(BLOCK=32, NEG=True)
     yield (x[4:], x[8:], 7, 3, 1, 2.0, False), dict(BLOCK=32, NEG=True)
     yield (x.to(torch.float16), x[4:], 7, 16, 16, 1.0, True), dict(BLOCK=16, num_warps=2)

@@ -319,8 +319,9 @@ def unit_stride(*ids):
 # same key hand the arguments to that compiled kernel's launcher directly. The key is finer than Triton's
 # specialisation, never coarser: every positional argument contributes its type; a tensor its dtype and whether
 # its address is 16-byte aligned (all Triton specialises a pointer on), any other argument its value; constexprs
-# and launch options come by keyword and contribute their values (suites/ops/test_ops_triton_launch.py checks the
-# key against Triton's binder).
+# and launch options come by keyword and contribute their values and their types (True and 1 are equal keys of a
+# dict but not one constexpr to Triton; suites/ops/test_ops_triton_launch.py checks the key against Triton's
+# binder).
 # Any case the shortcut does not cover runs `kernel[grid]`: the interpreter, a non-CUDA backend, launch hooks
 # (profilers) installed, a callable grid, an autotuned, hooked or annotated kernel, a non-constexpr parameter
 # given by keyword, an unhashable argument. HARNESS_TRITON_LAUNCH=jit turns the shortcut off.
@@ -400,7 +401,7 @@ def launch_key(args: tuple, kw: dict) -> tuple:
     for i in at:
         a = args[i]
         vals[i] = (a.dtype, a.data_ptr() & 15 == 0)
-    return types, tuple(vals), tuple(kw.items())
+    return types, tuple(vals), tuple(kw.items()), tuple(map(type, kw.values()))
 
 
 def hooked(runtime) -> bool:
