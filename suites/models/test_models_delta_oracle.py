@@ -24,7 +24,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.testing.checks import compare, tolerance_for
+from harness.testing.checks import Tolerance, compare, tolerance_for
 from harness.engine.scheduler import Request
 from harness.loader import load_weights
 from harness.scenarios import factory_for, skip_reason
@@ -154,6 +154,17 @@ def _prompts(data, vocab, long_min=12):
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def _conditioned(tol: Tolerance, ours32: torch.Tensor, ours64: torch.Tensor) -> Tolerance:
+    """The fp32 tolerance against transformers' fp32 logits, its atol at least 4x what fp32 rounding moves our own
+    logits (max |fp32 - fp64| of our reference on the same steps). Where a step is ill-conditioned (a deep model,
+    a near tie inside it), transformers' fp32 result is as far from the exact logits as ours or farther: in the
+    nightly case kept below, step 22 of a 2-token prompt is 2.5e-3 from exact in our fp32 and 5.2e-3 in
+    transformers', in opposite directions. A well-conditioned step moves by ~1e-5 and leaves the policy as it is;
+    a wrong formula moves the fp64 logits by far more than fp32 rounding does."""
+    moved = float((ours32.double() - ours64.double()).abs().max())
+    return Tolerance(max(tol.atol, 4 * moved), tol.rtol, tol.ratio)
+
+
 def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check):
     model = hf_hybrid_model(d, seed)
     oracle = [hf_greedy(model, p, n_new) for p in prompts]
@@ -162,15 +173,17 @@ def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check):
         refs = {dt: ReferenceLM.from_pretrained(tmp, dtype=dt) for dt in (torch.float32, torch.float64)}
     assert refs[torch.float64].kinds == tuple("mixer" if t == "linear_attention" else "attention"
                                               for t in d.layer_types)
-    for dtype, ref in refs.items():
-        for j, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
+    for j, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
+        forced = {dt: ref.greedy_generate(p, n_new, forced=toks) for dt, ref in refs.items()}
+        tol = _conditioned(tolerance_for(torch.float32, 2.0), *(forced[dt].logits[:, :d.vocab]
+                                                                 for dt in (torch.float32, torch.float64)))
+        for dtype in refs:
             label = f"{d.family} reference ({dtype}) prompt {j} ({len(p)} tokens)"
-            forced = ref.greedy_generate(p, n_new, forced=toks)
-            check.close(f"{label}: step logits (teacher-forced)", forced.logits[:, :d.vocab], logits.double(),
-                        op="greedy_generate", impl="reference", dtype=dtype, tol=tolerance_for(torch.float32, 2.0),
+            check.close(f"{label}: step logits (teacher-forced)", forced[dtype].logits[:, :d.vocab], logits.double(),
+                        op="greedy_generate", impl="reference", dtype=dtype, tol=tol,
                         seed=seed, shapes={"prompt": [len(p)], "logits": list(logits.shape)},
-                        context=f"oracle: transformers generate; {d}")
-            for i, (a, b) in enumerate(zip(forced.tokens, toks)):
+                        context=f"oracle: transformers generate (fp32); tolerance {tol}; {d}")
+            for i, (a, b) in enumerate(zip(forced[dtype].tokens, toks)):
                 m = top2_margin(logits[i])
                 assert a == b or m <= MARGIN, (f"{label}: teacher-forced step {i}: ours {a}, transformers {b}, "
                                                f"oracle top-2 margin {m:.3e}; prompt {p}")
@@ -200,6 +213,21 @@ def test_models_delta_reference_greedy_matches_transformers_deep(family, data, c
     """Property (nightly depth): as above, for wider 4-layer models, prompts of 40+ tokens, 32 new tokens."""
     d = data.draw(hybrid_dims(family, deep=True), label="dims")
     _reference_parity(d, data.draw(st.integers(0, 2**16), label="seed"), _prompts(data, d.vocab, 40), 32, check)
+
+
+def test_models_delta_reference_ill_conditioned_step(check):
+    """The deep property's minimal failing case under the nightly profile: a 4-layer GDN hybrid (MoE, top-1)
+    whose 2-token prompt reaches an ill-conditioned step 22, where our fp32 and transformers' fp32 logits lie
+    on opposite sides of the exact ones (7.7e-3 apart against the fp32 policy's 5.6e-3). Judged with the
+    conditioning (`_conditioned`), it passes; it fails against the bare policy."""
+    d = HybridDims(family="gdn", d_model=64, layer_types=("full_attention",) + ("linear_attention",) * 3, vocab=62,
+                   d_conv=2, heads=1, head_dim=8, v_heads=2, v_head_dim=4, attn_heads=4, attn_kv_heads=1,
+                   attn_head_dim=8, rotary=0.25, kv_lora_rank=16, rope_head_dim=4, tie=False, inter=48,
+                   sparse=(1, 3), experts=4, top_k=1, moe_inter=8, shared_inter=12, norm_topk=False, n_group=1,
+                   scaling=2.446)
+    g = torch.Generator().manual_seed(65535)
+    prompts = [torch.randint(0, d.vocab, (n,), generator=g).tolist() for n in (1, 2, 40)]
+    _reference_parity(d, 183, prompts, 32, check)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
