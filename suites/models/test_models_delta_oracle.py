@@ -155,12 +155,15 @@ def _prompts(data, vocab, long_min=12):
 
 
 # The fp32 tolerance against transformers' fp32 logits: the fp32 policy x2 for depth. The deep variant's models (4
-# layers, 40+ token prompts, 32 steps) reach ill-conditioned steps where both fp32 results stray from the exact
-# logits, on opposite sides: its element-wise bound is x4, its error ratio stays at x2 (the nightly cases kept in
-# test_models_delta_reference_ill_conditioned_steps: 7.7e-3 and 6.0e-3 apart where the x2 bound allows 5.6e-3
-# and 4.7e-3; our fp32 was 2.5e-3 and 1.0e-3 from our fp64 there, transformers' fp32 5.2e-3 and at least 5.0e-3).
+# layers, 40+ token prompts, 32 steps) can be ill-conditioned, so that fp32 rounding alone moves the logits by
+# about the policy's bound: x4 there. The nightly cases kept in test_models_delta_reference_ill_conditioned_steps:
+# one element 7.7e-3 and 6.0e-3 from transformers' fp32 where x2 allows 5.6e-3 and 4.7e-3 (our fp32 2.5e-3 and
+# 1.0e-3 from our fp64, transformers' 5.2e-3 and at least 5.0e-3); and a 45-token prompt whose error ratio is
+# 4.3e-4 for our fp64 against transformers' fp32, where our own fp32 is 6.4e-4 from our fp64 and 2.1e-4 from
+# transformers' fp32, and transformers run in fp64 is 1.8e-4 from its fp32: each precision agrees across the two
+# implementations more closely than one implementation agrees across precisions.
 SHALLOW = tolerance_for(torch.float32, 2.0)
-DEEP = Tolerance(SHALLOW.atol * 2, SHALLOW.rtol * 2, SHALLOW.ratio)
+DEEP = tolerance_for(torch.float32, 4.0)
 
 
 def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check, tol: Tolerance = SHALLOW):
@@ -212,7 +215,7 @@ def test_models_delta_reference_greedy_matches_transformers_deep(family, data, c
                       tol=DEEP)
 
 
-@pytest.mark.parametrize("case", ["moe-top1", "moe-top2"])
+@pytest.mark.parametrize("case", ["moe-top1", "moe-top2", "dense-45"])
 def test_models_delta_reference_ill_conditioned_steps(check, case):
     """The deep property's failing cases under the nightly profile: 4-layer GDN hybrids (one full-attention layer,
     mixture-of-experts MLPs) whose short prompts reach ill-conditioned steps, judged at the deep tolerance (`DEEP`);
@@ -226,9 +229,14 @@ def test_models_delta_reference_ill_conditioned_steps(check, case):
                      183, 65535),
         "moe-top2": (HybridDims(d_model=48, vocab=40, v_heads=1, v_head_dim=4, attn_heads=2, attn_kv_heads=1,
                                 attn_head_dim=4, rotary=0.5, sparse=(), top_k=2, norm_topk=True, **common),
-                     0, 3658)}[case]
+                     0, 3658),
+        "dense-45": (HybridDims(**dict(common, layer_types=("linear_attention",) * 3 + ("full_attention",),
+                                       head_dim=4, tie=True), d_model=48, vocab=68, v_heads=1, v_head_dim=4,
+                                attn_heads=2, attn_kv_heads=2, attn_head_dim=4, rotary=0.5, sparse=(), top_k=2,
+                                norm_topk=True), 2, 2)}[case]
     g = torch.Generator().manual_seed(prompt_seed)
-    prompts = [torch.randint(0, d.vocab, (n,), generator=g).tolist() for n in (1, 2, 40)]
+    long = 45 if case == "dense-45" else 40
+    prompts = [torch.randint(0, d.vocab, (n,), generator=g).tolist() for n in (1, 2, long)]
     _reference_parity(d, seed, prompts, 32, check, tol=DEEP)
 
 
