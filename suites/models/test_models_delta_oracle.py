@@ -217,9 +217,9 @@ def test_models_delta_reference_greedy_matches_transformers_deep(family, data, c
 
 @pytest.mark.parametrize("case", ["moe-top1", "moe-top2", "dense-45"])
 def test_models_delta_reference_ill_conditioned_steps(check, case):
-    """The deep property's failing cases under the nightly profile: 4-layer GDN hybrids (one full-attention layer,
-    mixture-of-experts MLPs) whose short prompts reach ill-conditioned steps, judged at the deep tolerance (`DEEP`);
-    both fail at the shallow one."""
+    """The deep property's failing cases under the nightly profile: 4-layer GDN hybrids (one full-attention layer;
+    mixture-of-experts MLPs in the first two, dense in the third, with its 45-token prompt) that reach
+    ill-conditioned steps, judged at the deep tolerance (`DEEP`); each fails at the shallow one."""
     common = dict(family="gdn", layer_types=("full_attention",) + ("linear_attention",) * 3, d_conv=2, heads=1,
                   head_dim=8, kv_lora_rank=16, rope_head_dim=4, tie=False, inter=48, experts=4, moe_inter=8,
                   shared_inter=12, n_group=1, scaling=2.446)
