@@ -66,7 +66,7 @@ def git_info() -> tuple[str | None, str | None]:
             return sha + ("-dirty" if dirty else ""), "git"
     except (OSError, subprocess.SubprocessError):
         pass
-    for var in GIT_SHA_VARS[1:]:
+    for var in GIT_SHA_VARS:
         v = os.environ.get(var, "").strip()
         if v:
             return v, f"${var}"

@@ -104,18 +104,13 @@ def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None, trit
 def launches_keyed_only():
     """Inside, every kernel launch of our Triton modules computes the launch shortcut's key and returns None
     (no kernel runs): the host path of an op up to the compiled kernel's launcher."""
-    import importlib
-    import pkgutil
-
     from harness.impls.triton import _common
-    pkg = importlib.import_module("harness.impls.triton")
 
     def keyed(kernel, grid, *args, **kw):
         _common.launch_key(args, kw)
 
     real, swapped = _common.launch, []
-    for m in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"harness.impls.triton.{m.name}")
+    for mod in _common.kernel_modules():
         if mod is not _common and getattr(mod, "launch", None) is real:
             swapped.append(mod)
             mod.launch = keyed

@@ -321,7 +321,7 @@ def conformance(op: str, fn, device: str, refs: dict, seed: int = 0) -> str | No
     dtypes, shapes = cases
 
     def fresh(dt, shape):
-        gen = torch.Generator(device=device if device != "cpu" else "cpu").manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         kw = spec.inputs(shape, getattr(torch, dt), device, gen)
         kw.pop("out", None)
         return kw
@@ -479,7 +479,7 @@ def run_cli(args, device: str) -> int:
                         # compile can pass one run (docs/findings.md), and our kernels give the same bits every run
                         runs = []
                         for _ in range(2):
-                            gen = torch.Generator(device=device if device != "cpu" else "cpu").manual_seed(args.seed)
+                            gen = torch.Generator(device=device).manual_seed(args.seed)
                             inputs = spec.make(shape, dt, device, gen)
                             runs.append(_outputs(op_spec, inputs, spec.call(fn, inputs)))
                         outs = runs[0]

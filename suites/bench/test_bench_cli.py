@@ -429,9 +429,6 @@ def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
     """The "triton path" column: our op's Python path per call with every kernel launch replaced by the launch
     shortcut's key (no kernel runs), `out=` given; it exceeds the validator's time (the validator is part of it),
     and afterwards every Triton module launches through `_common.launch` again."""
-    import importlib
-    import pkgutil
-
     from harness.bench.host import launches_keyed_only, time_validators
     from harness.impls.triton import _common
     from harness.ops import SPECS
@@ -440,9 +437,7 @@ def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
     rows = time_validators(ops, ("gpu",), quick, triton_path=True)
     assert [r["op"] for r in rows] == [op for op in SPECS if op in ops for _ in SPECS[op].shapes["gpu"]]
     assert all(r["us_p50_triton"] > 0 for r in rows)
-    pkg = importlib.import_module("harness.impls.triton")
-    mods = [importlib.import_module(f"harness.impls.triton.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
-    users = [m for m in mods if m is not _common and hasattr(m, "launch")]
+    users = [m for m in _common.kernel_modules() if m is not _common and hasattr(m, "launch")]
     assert users and all(m.launch is _common.launch for m in users)
     with launches_keyed_only():
         assert all(m.launch is not _common.launch for m in users)

@@ -2,8 +2,6 @@
 `launch_config` (the device's file, then the HARNESS_TRITON_CONFIG override), malformed files refused."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import json
 import os
 
@@ -11,15 +9,6 @@ import pytest
 
 from harness.impls.triton import _common
 from harness.impls.triton._common import CONFIG_DIR, device_folder, launch_config, read_config_file
-
-
-
-def _import_kernel_modules() -> None:
-    """Import every kernel module of harness.impls.triton (each registers its launch-config defaults)."""
-    pkg = importlib.import_module("harness.impls.triton")
-    for m in pkgutil.iter_modules(pkg.__path__):
-        if not m.name.startswith("_"):
-            importlib.import_module(f"harness.impls.triton.{m.name}")
 
 
 @pytest.fixture
@@ -37,7 +26,7 @@ def config_env(tmp_path, monkeypatch):
 def test_h200_files_equal_the_module_defaults():
     """The H200 files hold exactly the defaults written in the kernel modules, for every module and shape
     class that reads one, and no file names a module or class that no kernel reads."""
-    _import_kernel_modules()
+    _common.kernel_modules()
     seen = {}
     for (module, cls), defaults in _common.DEFAULTS.items():
         seen.setdefault(module, {})[cls] = defaults

@@ -96,6 +96,15 @@ def autotune_configs(configs: list) -> list:
     return configs[:1] if interpreting() else list(configs)
 
 
+def kernel_modules() -> list:
+    """Every module of harness.impls.triton, imported (the kernel modules register their launch-config defaults
+    and launch through this module's `launch`)."""
+    import importlib
+    import pkgutil
+    pkg = importlib.import_module("harness.impls.triton")
+    return [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp64 stays fp64; everything else accumulates in fp32."""
     return torch.float64 if dtype == torch.float64 else torch.float32

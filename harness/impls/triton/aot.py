@@ -189,18 +189,13 @@ def _compile_all(dtype_names, shapes: str, only, show_resources: bool, show_dige
     os.environ["HARNESS_AOT_NVIDIA"] = "1"
     import triton
 
-    from harness.impls.triton._common import refresh_env
+    from harness.impls.triton._common import kernel_modules, refresh_env
     refresh_env()  # the launchers read the variable at import
 
-    import importlib
-    import pkgutil
-
     from harness.impls.registry import provided
-    pkg = importlib.import_module("harness.impls.triton")
     ops = provided("triton", "harness.impls.triton")
     seen: dict = {}
-    for m in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"harness.impls.triton.{m.name}")
+    for mod in kernel_modules():
         for name, obj in vars(mod).items():
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 _intercept(obj, seen, target, show_resources, show_digest)

@@ -74,6 +74,7 @@ from harness.impls.registry import provides
 from harness.impls.triton._common import launch, cdiv, device_guard, dummy, launch_config, next_power_of_2, unit_stride
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
 from reference.delta_rule import L2NORM_EPS
+from reference.validate import fail
 
 __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 
@@ -673,7 +674,6 @@ def _dot_types(dtype: torch.dtype, state_tf32: bool):
 def _pow2(n: int, name: str) -> int:
     n = int(n)
     if n < 16 or n & (n - 1):
-        from reference.validate import fail
         fail(f"delta_rule_chunk CONFIG {name}", "a power of two >= 16", repr(n))
     return n
 
@@ -691,7 +691,6 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         return o
     for name, allowed in CHOICES.items():
         if CONFIG[name] not in allowed:
-            from reference.validate import fail
             fail(f"delta_rule_chunk CONFIG {name}", f"one of {allowed}", repr(CONFIG[name]))
     parallel = CONFIG["outputs"] == "parallel"
     rows = CONFIG["update_keys"] == "rows"
@@ -707,7 +706,6 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     KBP = min(KBP, BK) if KBP else BK
     prep_shared = prep_heads == "key"
     if prep_shared and KBP < BK:
-        from reference.validate import fail
         fail("delta_rule_chunk CONFIG prep_heads", '"value" when prep_bk splits the key width', repr(prep_heads))
     VP = max(16, next_power_of_2(V))
     BVP = min(VP, 64)  # value columns per step of the prep's u = T (beta v)
