@@ -70,8 +70,9 @@
 # when the step hit its time limit: its records so far are valid lines), so a run stopped half way leaves
 # the finished steps' files; the suites run with --outcomes (one line per finished test in <logs>), so a cut
 # run still says what passed and what failed, and its log names the tests that were running when the step was
-# cut, with how long each had run (<outcomes>.running). Files of the selected steps are removed from the folder at
-# the start: the folder never mixes two runs' files for a step.
+# cut, with how long each had run (<outcomes>.running); the outcome file records them as "cut" with those
+# seconds, and a --resume starts them first, one per pytest worker (harness.testing.resume). Files of the
+# selected steps are removed from the folder at the start: the folder never mixes two runs' files for a step.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -239,9 +240,9 @@ step_tp() {
   local t rc; t=$(date +%s)
   timeout "$(limit ${TPAR_S:-300})" python3 -m pytest suites/engine/test_engine_tp.py --impl triton --impl torch \
     $PYTEST_COMMON --results "$LOGS/results-tp.jsonl" --outcomes "$LOGS/outcomes-tp.jsonl" > "$LOGS/tp.txt" 2>&1
-  rc=$?; place tp results-tp.jsonl outcomes-tp.jsonl; note tp $rc $(( $(date +%s) - t ))
+  rc=$?; cut_in tp "$LOGS/outcomes-tp.jsonl"; place tp results-tp.jsonl outcomes-tp.jsonl
+  note tp $rc $(( $(date +%s) - t ))
   log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
-  cut_in tp "$LOGS/outcomes-tp.jsonl"
 }
 
 # replay_faults OUTCOMES OUT: every test in OUTCOMES that lost the CUDA context has its last op call run again
@@ -271,13 +272,15 @@ print('\n'.join(seen))" "$1" | while IFS= read -r id; do
 }
 
 # cut_in STEP OUTCOMES: a cut step's tests still running when it ended (pytest's OUTCOMES.running), with how
-# long each had run, into the log (a test that hangs shows there)
+# long each had run, into the log (a test that hangs shows there) and into OUTCOMES as lines "cut"
+# (harness.testing.resume: the next --resume starts them first, one per worker)
 cut_in() {
   [ -s "$2.running" ] || return 0
   log "$1: running when it ended: $(python3 -c "
 import json, sys, time
 now = json.load(open(sys.argv[1]))
 print('; '.join(f'{n} ({time.time() - t:.0f} s)' for n, t in sorted(now.items(), key=lambda x: x[1])) or '-')" "$2.running" 2>&1)"
+  PYTHONPATH="$OURS_PATH" python3 -m harness.testing.resume cut "$2" >> "$LOG" 2>&1
 }
 
 step_suites() {
@@ -287,9 +290,9 @@ step_suites() {
   timeout "$(limit ${SUITES_S:-1500})" env PYTHONPATH="$OURS_PATH" python3 -m pytest suites/ --impl triton --impl torch \
     $PYTEST_COMMON -n "$WORKERS" $XDIST $(resume_args suites outcomes.jsonl) --results "$LOGS/results.jsonl" \
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
-  rc=$?; place suites results.jsonl outcomes.jsonl; note suites $rc $(( $(date +%s) - t ))
+  rc=$?; cut_in suites "$LOGS/outcomes.jsonl"; place suites results.jsonl outcomes.jsonl
+  note suites $rc $(( $(date +%s) - t ))
   log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
-  cut_in suites "$LOGS/outcomes.jsonl"
   PYTHONPATH="$OURS_PATH" replay_faults "$LOGS/outcomes.jsonl" "$LOGS/replay-suites.txt"
 }
 
@@ -371,9 +374,9 @@ step_peers() {
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
-  rc=$?; place peers results-peers.jsonl outcomes-peers.jsonl; note peers $rc $(( $(date +%s) - t ))
+  rc=$?; cut_in peers "$LOGS/outcomes-peers.jsonl"; place peers results-peers.jsonl outcomes-peers.jsonl
+  note peers $rc $(( $(date +%s) - t ))
   log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
-  cut_in peers "$LOGS/outcomes-peers.jsonl"
   replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
 

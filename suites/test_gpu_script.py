@@ -133,3 +133,29 @@ def test_autotune_results_are_kept_and_nothing_else(tmp_path):
         ["ABC/chunk_fwd_kernel.autotune.json", "OLD/k.autotune.json"]
     assert (kept / "ABC" / "chunk_fwd_kernel.autotune.json").read_text() == '{"key": [1]}'
     assert not (tmp_path / "other").exists()
+
+
+def test_a_cut_step_records_its_running_tests_before_they_are_placed(tmp_path):
+    """`cut_in` (run before `place` adds the step's outcome lines to the baseline folder): the tests the cut
+    pytest was still in are logged with how long they had run and added to the outcome file as lines "cut",
+    which `--resume` starts first; the .running file is gone after."""
+    import json
+    import os
+    import time
+    outcomes = tmp_path / "outcomes-peers.jsonl"
+    outcomes.write_text(json.dumps({"nodeid": "a.py::t0", "when": "call", "outcome": "passed"}) + "\n")
+    (tmp_path / "outcomes-peers.jsonl.running").write_text(json.dumps({"a.py::slow[x y]": time.time() - 300}))
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    fn = src[src.index("\ncut_in() {") + 1:]
+    fn = fn[:fn.index("\n}\n") + 2]
+    log = tmp_path / "gpu.log"
+    script = f'LOG={str(log)!r}; OURS_PATH={str(ROOT)!r}\nlog() {{ echo "$*" >> "$LOG"; }}\n{fn}\ncut_in peers "$1"'
+    r = subprocess.run(["bash", "-c", script, "-", str(outcomes)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PATH": os.environ["PATH"]})
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(ln) for ln in outcomes.read_text().splitlines()]
+    assert [(x["nodeid"], x["outcome"]) for x in lines] == [("a.py::t0", "passed"), ("a.py::slow[x y]", "cut")]
+    assert 299 <= lines[1]["seconds"] <= 330, lines
+    text = log.read_text()
+    assert "peers: running when it ended: a.py::slow[x y] (30" in text and "1 test(s) recorded as cut" in text, text
+    assert not (tmp_path / "outcomes-peers.jsonl.running").exists()

@@ -16,6 +16,7 @@ def _pytest_env():
     """The environment of a pytest run started from a test: not an xdist worker's, whatever this one is."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
     env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
     env.pop("HARNESS_RUN_ID", None)
     return env
 
@@ -275,6 +276,68 @@ def test_resume_runs_what_a_cut_run_left(tmp_path):
     assert ran == {"test_c", "test_d"}
     r = _pytest(["--device", "cpu", "-q", "--resume", str(tmp_path / "none.jsonl"), str(tmp_path)], cwd=tmp_path)
     assert r.returncode == 4 and "--resume: expected an --outcomes file" in r.stderr
+
+
+def test_resume_order_starts_slow_tests_first_one_per_worker():
+    """The tests recorded as slow start first, the longest first: at the head of the list, or under worksteal
+    at the heads of the blocks the scheduler first hands each worker (its block sizes, as xdist computes them);
+    the rest keep their order; nothing recorded as slow leaves the order as it was."""
+    from harness.testing.resume import resume_order, worksteal_blocks
+    ids = [f"t{i}" for i in range(10)]
+    seconds = {"t8": 100.0, "t9": 300.0, "t3": 40.0, "t1": 5.0}
+    assert resume_order(ids, seconds) == ["t9", "t8", "t3", "t0", "t1", "t2", "t4", "t5", "t6", "t7"]
+    assert resume_order(ids, seconds, 3, "load") == resume_order(ids, seconds)
+    assert worksteal_blocks(10, 3) == [3, 3, 4] and worksteal_blocks(2, 3) == [0, 1, 1]
+    assert resume_order(ids, seconds, 3, "worksteal") == ["t9", "t0", "t1", "t8", "t2", "t4",
+                                                          "t3", "t5", "t6", "t7"]
+    assert resume_order(ids, {"t1": 5.0}, 3, "worksteal") == ids
+    # more slow tests than workers: dealt in turn, the rest fill the blocks
+    assert resume_order(ids[:5], {i: 60.0 + int(i[1]) for i in ids[:3]}, 2, "worksteal") == \
+        ["t2", "t0", "t1", "t3", "t4"]
+
+
+def test_record_cut_adds_the_running_tests_as_cut(tmp_path):
+    """`record_cut` turns a cut run's OUTCOMES.running into outcome lines "cut" with how long each test had
+    run: not a verdict (the resume runs them again), but the durations the resume orders by."""
+    import json
+
+    from harness.testing.plugin import finished_tests
+    from harness.testing.resume import main, record_cut, recorded_seconds
+    out = tmp_path / "o.jsonl"
+    out.write_text(json.dumps({"nodeid": "a::done", "when": "call", "outcome": "passed", "seconds": 1.0}) + "\n")
+    (tmp_path / "o.jsonl.running").write_text(json.dumps({"a::quick": 995.0, "a::slow": 900.0}))
+    assert record_cut(str(out), now=1000.0) == ["a::slow", "a::quick"]
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["nodeid"], x["outcome"], x["seconds"]) for x in lines[1:]] == [("a::slow", "cut", 100.0),
+                                                                               ("a::quick", "cut", 5.0)]
+    assert not (tmp_path / "o.jsonl.running").exists() and record_cut(str(out)) == []
+    assert finished_tests([str(out)]) == {"a::done"}
+    assert recorded_seconds([str(out)]) == {"a::done": 1.0, "a::slow": 100.0, "a::quick": 5.0}
+    assert main(["cut", str(tmp_path / "none.jsonl")]) == 2 and main(["cut"]) == 2
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "worksteal"]])
+def test_resume_runs_the_tests_a_cut_run_was_in_first(tmp_path, workers):
+    """End to end: the tests recorded as cut run first, one on each worker."""
+    import json
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
+    (tmp_path / "test_s.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(8)))
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(json.dumps({"nodeid": f"test_s.py::test_{i}", "when": "cut", "outcome": "cut",
+                                         "seconds": s}) + "\n" for i, s in ((6, 50.0), (7, 100.0))))
+    again = tmp_path / "again.jsonl"
+    r = _pytest(["--device", "cpu", "-q", *workers, "--resume", str(first), "--outcomes", str(again),
+                 str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [json.loads(x) for x in again.read_text().splitlines()]
+    assert len(lines) == 8
+    firsts: dict = {}
+    for x in lines:
+        firsts.setdefault(x["worker"], x["nodeid"].split("::")[-1])
+    if workers:
+        assert sorted(firsts.values()) == ["test_6", "test_7"], lines
+    else:
+        assert [x["nodeid"].split("::")[-1] for x in lines[:2]] == ["test_7", "test_6"], lines
 
 
 def test_resume_failed_skip_keeps_verdicts_and_reruns_errors(tmp_path):

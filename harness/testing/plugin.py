@@ -15,10 +15,12 @@ Options
                                  ({node id: start time}), so a killed run also says which tests it was in
   --resume PATH                  repeatable; an --outcomes file of an earlier (cut) run: the tests it records
                                  as passed or skipped are deselected, so the run does what is left and the
-                                 failures again
+                                 failures again; the tests it records as slow (cut while running: see
+                                 harness.testing.resume) start first, one per worker
   --resume-failed {rerun,skip}   skip: with --resume, a test whose last recorded failure is an assertion (a
                                  comparison's verdict, e.g. a peer's written-up finding) is not run again;
                                  failures of any other kind (errors, crashes, lost CUDA contexts) are
+                                 run again
 
 A lost CUDA context
   A kernel fault (an illegal or misaligned address) leaves the process's CUDA context unusable: every later
@@ -323,21 +325,16 @@ def finished_tests(paths, skip_failed: bool = False) -> set[str]:
     """Node ids whose latest verdict in the --outcomes files (read in order, a cut last line ignored) is passed
     or skipped; with `skip_failed`, also those whose latest verdict is a failure on an assertion
     (`_assertion_failure`). A test that passed once and failed in a later run is not finished."""
-    import json
-    last: dict = {}
+    from harness.testing.resume import outcome_lines
     for path in paths:
         if not os.path.isfile(path):
             raise pytest.UsageError(f"--resume: expected an --outcomes file, got {path!r} (no such file)")
-        with open(path) as f:
-            for ln in f:
-                try:
-                    rec = json.loads(ln)
-                except ValueError:
-                    continue
-                if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
-                        rec.get("when") == "setup" and rec.get("outcome") == "skipped" or \
-                        rec.get("outcome") == "failed":
-                    last[rec["nodeid"]] = rec
+    last: dict = {}
+    for rec in outcome_lines(paths):
+        if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
+                rec.get("when") == "setup" and rec.get("outcome") == "skipped" or \
+                rec.get("outcome") == "failed":
+            last[rec["nodeid"]] = rec
     return {n for n, rec in last.items()
             if rec.get("outcome") != "failed" or skip_failed and _assertion_failure(rec)}
 
@@ -362,11 +359,36 @@ def pytest_collection_modifyitems(config, items):
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
+    if resume:
+        _slow_first(config, items)
     if _xdist_active(config):
         mark = pytest.mark.skip(reason=XDIST_BENCH_SKIP)
         for item in items:
             if "benchmark" in getattr(item, "fixturenames", ()):
                 item.add_marker(mark)
+
+
+_DIST = "ssm_harness_dist"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, on the controller) the workers learn the scheduler, which their own options do not say."""
+    node.workerinput[_DIST] = node.config.getoption("dist", "load") or "load"
+
+
+def _slow_first(config, items) -> None:
+    """A resumed run starts the tests the earlier runs recorded as slow (cut while running, or long and failed)
+    first, one per worker (`harness.testing.resume`). Every pytest-xdist worker orders its collection alike."""
+    from harness.testing.resume import recorded_seconds, resume_order
+    seconds = recorded_seconds(config.getoption("resume"))
+    worker = getattr(config, "workerinput", None)  # on a pytest-xdist worker: what its controller sent
+    workers = int(worker["workercount"]) if worker else 1
+    dist = worker.get(_DIST, "load") if worker else "no"
+    if dist not in ("no", "load", "worksteal"):
+        return  # loadscope, loadfile, each: the scheduler groups the tests itself
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[i] for i in resume_order(list(by_id), seconds, workers, dist)]
 
 
 _LOST = "cuda_context_lost"
