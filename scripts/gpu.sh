@@ -61,8 +61,9 @@
 # (fla-core, einops) and the sources scripts/peers_fetch.py extracts (vLLM, SGLang) in .peers/src. Their CUDA extensions (selective_scan_cuda,
 # causal_conv1d_cuda) are compiled for sm_90 in the background from the start, forward only
 # (scripts/build_peer_ext.py); the built modules are gzipped into <logs>/ext/: copied into .peers/ext/ they
-# are reused next time instead of rebuilt. Triton's autotune results (fla-core autotunes each kernel anew for
-# every head count and width a test draws) are kept in .peers/autotune/: put into Triton's cache at the start,
+# are reused next time instead of rebuilt. Triton's autotune results (the peers autotune each kernel anew for
+# every head count and width a test draws; the peers step has Triton keep them on disk: fla-core's, mamba_ssm's,
+# vLLM's, SGLang's) are kept in .peers/autotune/: put into Triton's cache at the start,
 # gathered back at the end, and packed into <logs>/autotune.tgz for another machine (unpack it in the
 # repository root). On the H200 one of fla's KDA varlen tests ran 480+ s cold and 120-200 s with them.
 #
@@ -368,8 +369,12 @@ step_peers() {
   [ "$(left)" -lt 60 ] && { log "peers: skipped (budget spent)"; return; }
   local t rc; t=$(date +%s)
   # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
-  # is not importable would stop the run)
-  timeout "$(limit ${PEERS_S:-900})" python3 -m pytest suites/ --ignore=suites/bench \
+  # is not importable would stop the run). TRITON_CACHE_AUTOTUNING: every @triton.autotune of the peers
+  # (mamba_ssm's, vLLM's and SGLang's Triton kernels; fla-core asks for it itself) keeps its results in
+  # Triton's cache, so one worker's tuning of a drawn shape serves the others and, through .peers/autotune,
+  # the next machine: without it each process tunes each shape anew (mamba_ssm's SSD kernels hold ~200
+  # autotune configs; its SSD property tests were still running at 327 s when a peers run was cut)
+  timeout "$(limit ${PEERS_S:-900})" env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/ --ignore=suites/bench \
     -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$WORKERS" $XDIST \
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \

@@ -159,3 +159,16 @@ def test_a_cut_step_records_its_running_tests_before_they_are_placed(tmp_path):
     text = log.read_text()
     assert "peers: running when it ended: a.py::slow[x y] (30" in text and "1 test(s) recorded as cut" in text, text
     assert not (tmp_path / "outcomes-peers.jsonl.running").exists()
+
+
+def test_the_peers_step_keeps_every_autotune_result():
+    """The peers step's pytest runs with TRITON_CACHE_AUTOTUNING=1 (each peer's @triton.autotune keeps its
+    results in Triton's cache, gathered into .peers/autotune); the bench's harness runs do not (a bench
+    tunes on an idle GPU, not under a suite's load)."""
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+
+    def body(name):
+        fn = src[src.index(f"\n{name}() {{") + 1:]
+        return fn[:fn.index("\n}\n")]
+    assert "env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in body("step_peers")
+    assert "TRITON_CACHE_AUTOTUNING" not in body("step_bench")
