@@ -34,7 +34,8 @@
 # PEERS_K a pytest -k expression narrowing the peers step (e.g. "fla": one peer's tests first; default every peer);
 # BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
 # SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
-# seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S); COMPUTE_SANITIZER the compute-sanitizer the replays
+# seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S); SHRINK_S the seconds a failing hypothesis test
+# shrinks its example for (default 60); COMPUTE_SANITIZER the compute-sanitizer the replays
 # of faulted tests run under (default: the installed one; empty: none).
 #
 # Steps and what each writes into the baseline folder:
@@ -214,7 +215,9 @@ if want bench || want peers || want throughput; then
   (PEERS_BUILD_CUDA=1 . scripts/peers_setup.sh) >> "$LOG" 2>&1
 fi
 
-PYTEST_COMMON="--device cuda -q -rfs -p no:randomly -p no:cacheprovider --tb=line"
+# a failing hypothesis test shrinks its example for at most SHRINK_S seconds (hypothesis' own limit, 300 s, is
+# most of a run's budget: two of the peers' tests a run cut at 328 s were shrinking failures)
+PYTEST_COMMON="--device cuda -q -rfs -p no:randomly -p no:cacheprovider --tb=line --shrink-seconds ${SHRINK_S:-60}"
 # the workers steal queued tests from each other: a few tests of ~100 s clustered in one file no longer leave
 # the rest idle at the end
 XDIST="--dist worksteal"

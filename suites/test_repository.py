@@ -124,44 +124,16 @@ def test_readme_points_only_to_existing_paths():
     assert missing == [], f"README.md names paths that do not exist: {missing}"
 
 
-# the implementation ids of the peers' adapters -> the words a finding names the peer by (lower case)
-PEER_WORDS = {"vllm": ("vllm",), "sglang": ("sglang",), "mamba_ssm": ("mamba_ssm",),
-              "mamba_ssm_cuda": ("mamba_ssm",), "causal_conv1d": ("causal-conv1d", "causal_conv1d"), "fla": ("fla",)}
-
-
-def unwritten_failures(outcome_lines, findings: str) -> list[str]:
-    """The node ids whose latest verdict (passed, skipped or failed) is a failure that no section of the
-    findings ("## " headings) names by its test function or its suite file together with its peer (the first
-    part of the id's parameters, where it is a peer's implementation id). Lines that hold only an exception
-    group's frame (an older plugin's, run again by every resume) are not verdicts."""
-    last: dict = {}
-    for rec in outcome_lines:
-        if rec.get("outcome") in ("passed", "skipped", "failed") and \
-                not (rec.get("outcome") == "failed" and (rec.get("why") or "").strip().startswith("+--")):
-            last[rec["nodeid"]] = rec
-    sections = [s.lower() for s in re.split(r"\n(?=## )", findings)]
-    bad = []
-    for nodeid, rec in last.items():
-        if rec["outcome"] != "failed":
-            continue
-        name = nodeid.split("::")[-1]
-        func, params = name.split("[")[0], name.partition("[")[2]
-        names = (func.lower(), os.path.basename(nodeid.split("::")[0]).lower())
-        words = PEER_WORDS.get(re.split(r"[-\]]", params)[0], ("",))
-        if not any(any(n in s for n in names) and any(w in s for w in words) for s in sections):
-            bad.append(nodeid)
-    return bad
-
-
 def test_every_failure_in_a_baseline_is_written_up():
     """Each test that fails in a committed GPU baseline (reports/baselines/*/outcomes*.jsonl, the latest verdict)
     is named in docs/findings.md by its test function, in a section that names its peer: a new failure in a
     peer's kernel lands with its write-up, and a failure of ours is a finding too."""
     import json
 
+    from harness.findings import load, sections, unwritten_failures
     from harness.testing.resume import outcome_lines
-    with open(os.path.join(ROOT, "docs", "findings.md"), encoding="utf-8") as f:
-        findings = f.read()
+    findings = load(os.path.join(ROOT, "docs", "findings.md"))
+    assert findings, "docs/findings.md has no sections"
     paths = sorted(glob.glob(os.path.join(ROOT, "reports", "baselines", "*", "outcomes*.jsonl")))
     assert paths, "no baseline outcome files"
     bad = {os.path.relpath(p, ROOT): unwritten_failures(outcome_lines([p]), findings) for p in paths}
@@ -171,6 +143,6 @@ def test_every_failure_in_a_baseline_is_written_up():
     fail = {"nodeid": "suites/ops/test_ops_brand_new.py::test_new_thing[vllm-float32]", "outcome": "failed",
             "why": "E   AssertionError"}
     assert unwritten_failures([fail], findings) == [fail["nodeid"]]
-    assert unwritten_failures([fail], "## SGLang\n`test_new_thing`\n## vLLM\nother") == [fail["nodeid"]]
-    assert unwritten_failures([fail], "## vLLM 0.33.0: `test_new_thing` fails") == []
-    assert unwritten_failures([fail, {**fail, "outcome": "passed"}], "") == []
+    assert unwritten_failures([fail], sections("## SGLang\n`test_new_thing`\n## vLLM\nother")) == [fail["nodeid"]]
+    assert unwritten_failures([fail], sections("## vLLM 0.33.0: `test_new_thing` fails")) == []
+    assert unwritten_failures([fail, {**fail, "outcome": "passed"}], []) == []

@@ -208,9 +208,12 @@ def default_reproduce(c: dict, run: Run) -> str:
     return cmd
 
 
-def failing_cases(runs: list[Run]) -> list[dict]:
+def failing_cases(runs: list[Run], found: list | None = None) -> list[dict]:
     """The candidate's (then the baseline's) failing comparison groups, each with its minimal
-    counterexample (smallest shapes) first."""
+    counterexample (smallest shapes) first, and the heading of the written-up finding it belongs to
+    (`harness.findings`; `found`: the findings' sections, default the repository's docs/findings.md)."""
+    from harness import findings
+    found = findings.load() if found is None else found
     names = aliases(runs)
     out = []
     for i in [len(runs) - 1] + ([0] if len(runs) > 1 else []):
@@ -234,6 +237,7 @@ def failing_cases(runs: list[Run]) -> list[dict]:
                 "worst_index": m.get("worst_index"), "seed": m.get("seed"),
                 "counterexample": m.get("counterexample") or m.get("example"),
                 "reproduce": m.get("reproduce") or default_reproduce(m, r),
+                "finding": findings.section_of(m.get("test_id") or str(g[0]), m.get("impl"), found) or "",
             })
         out.append({"run": alias, "label": r.label, "cases": cases})
     return out

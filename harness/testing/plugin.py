@@ -17,6 +17,8 @@ Options
                                  as passed or skipped are deselected, so the run does what is left and the
                                  failures again; the tests it records as slow (cut while running: see
                                  harness.testing.resume) start first, one per worker
+  --shrink-seconds S             stop shrinking a failing hypothesis example after S seconds (hypothesis' own
+                                 limit is 300 s: on a GPU run a failing test could take minutes)
   --resume-failed {rerun,skip}   skip: with --resume, a test whose last recorded failure is an assertion (a
                                  comparison's verdict, e.g. a peer's written-up finding) is not run again;
                                  failures of any other kind (errors, crashes, lost CUDA contexts) are
@@ -84,10 +86,30 @@ def pytest_addoption(parser):
                 help="append one JSONL line per finished test as it finishes (survives a killed run)")
     g.addoption("--resume", action="append", default=None, metavar="PATH",
                 help="an --outcomes file of an earlier run: deselect the tests it records as passed or skipped")
+    g.addoption("--shrink-seconds", action="store", type=float, default=None, metavar="S",
+                help="stop shrinking a failing hypothesis example after S seconds (default: hypothesis' own, 300): "
+                     "a failure on a GPU run is reported with a less minimal example instead of using minutes")
     g.addoption("--resume-failed", action="store", default="rerun", choices=("rerun", "skip"),
                 help="with --resume: run the tests it records as failed again (rerun, default), or only those "
                      "that did not fail on an assertion (skip: a comparison's verdict stands; errors, crashes "
                      "and lost CUDA contexts run again)")
+
+
+def _cap_shrinking(seconds) -> None:
+    """--shrink-seconds: hypothesis' limit on the time it shrinks a failing example (its engine's
+    MAX_SHRINKING_SECONDS, read when shrinking starts)."""
+    if seconds is None:
+        return
+    import math
+
+    from hypothesis.internal.conjecture import engine
+    if not math.isfinite(seconds) or seconds < 0:
+        raise pytest.UsageError(f"--shrink-seconds: expected a finite number of seconds >= 0, got {seconds}")
+    if not isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), (int, float)):
+        import hypothesis
+        raise pytest.UsageError(f"--shrink-seconds: expected hypothesis' engine to have MAX_SHRINKING_SECONDS, got "
+                                f"hypothesis {hypothesis.__version__} without it")
+    engine.MAX_SHRINKING_SECONDS = seconds
 
 
 def _register_profiles():
@@ -136,6 +158,7 @@ def pytest_configure(config):
     from hypothesis import settings
     profile = config.getoption("profile")
     settings.load_profile(profile)
+    _cap_shrinking(config.getoption("shrink_seconds"))
 
     from harness.impls import registry
     names = config.getoption("impl")

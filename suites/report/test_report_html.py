@@ -53,6 +53,22 @@ def test_tables_show_planted_cases(pair):
     assert rows[("triton", "T=256 D=1024 K=4")] == "1.00×"
 
 
+def test_failing_cases_name_the_finding_they_belong_to(pair):
+    """A failing case group carries the heading of the findings section that names its test and its
+    implementation ("known" in the page); without one it is marked new. A section that names the test under
+    another implementation is not it."""
+    from harness.findings import sections
+    from harness.report.build import failing_cases
+    runs = load_runs(list(pair))
+    known = sections("## Ours: the scan at bf16\n`test_matches_reference` through triton fails\n")
+    case = failing_cases(runs, known)[0]["cases"][0]
+    assert case["test"].startswith(REG_TEST) and case["finding"] == "Ours: the scan at bf16"
+    other = sections("## vLLM 0.33.0\n`test_matches_reference` fails with vllm\n")
+    assert failing_cases(runs, other)[0]["cases"][0]["finding"] == ""
+    html = render_html(runs)  # against the repository's findings: the planted case is written up nowhere
+    assert "none written up" in html and "(new)" in html
+
+
 def test_html_is_self_contained(pair):
     """The page loads nothing from the network: no scripts, no external src/href (only the SVG namespace URI)."""
     html = render_html(load_runs(list(pair)))
