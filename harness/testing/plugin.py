@@ -411,7 +411,8 @@ def _slow_first(config, items) -> None:
     if dist not in ("no", "load", "worksteal"):
         return  # loadscope, loadfile, each: the scheduler groups the tests itself
     by_id = {item.nodeid: item for item in items}
-    items[:] = [by_id[i] for i in resume_order(list(by_id), seconds, workers, dist)]
+    if len(by_id) == len(items):  # node ids are unique (else the order stays)
+        items[:] = [by_id[i] for i in resume_order(list(by_id), seconds, workers, dist)]
 
 
 _LOST = "cuda_context_lost"
