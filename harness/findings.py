@@ -47,7 +47,7 @@ def section_of(nodeid: str, impl: str | None, found: list[tuple[str, str]]) -> s
     one the id names); None when none does."""
     name = nodeid.split("::")[-1]
     names = (name.split("[")[0].lower(), os.path.basename(nodeid.split("::")[0]).lower())
-    impl = (impl or impl_of(nodeid)).lower()
+    impl = (impl or impl_of(nodeid)).lower().split("+")[0]  # "fla+torch": the engine completed by torch ops
     words = PEER_WORDS.get(impl, (impl,))
     for heading, text in found:
         if any(n and n in text for n in names) and any(w in text for w in words):
