@@ -211,7 +211,8 @@ def default_reproduce(c: dict, run: Run) -> str:
 def failing_cases(runs: list[Run], found: list | None = None) -> list[dict]:
     """The candidate's (then the baseline's) failing comparison groups, each with its minimal
     counterexample (smallest shapes) first, and the heading of the written-up finding it belongs to
-    (`harness.findings`; `found`: the findings' sections, default the repository's docs/findings.md)."""
+    (`harness.findings`; `found`: the findings' sections, default the repository's docs/findings.md; "" where
+    none names it, None for every case where there are no findings to read)."""
     from harness import findings
     found = findings.load() if found is None else found
     names = aliases(runs)
@@ -237,7 +238,9 @@ def failing_cases(runs: list[Run], found: list | None = None) -> list[dict]:
                 "worst_index": m.get("worst_index"), "seed": m.get("seed"),
                 "counterexample": m.get("counterexample") or m.get("example"),
                 "reproduce": m.get("reproduce") or default_reproduce(m, r),
-                "finding": findings.section_of(m.get("test_id") or str(g[0]), m.get("impl"), found) or "",
+                # None: no findings to read (an installed package without the repository's docs)
+                "finding": (findings.section_of(m.get("test_id") or str(g[0]), m.get("impl"), found) or "")
+                if found else None,
             })
         out.append({"run": alias, "label": r.label, "cases": cases})
     return out

@@ -56,7 +56,7 @@ def test_tables_show_planted_cases(pair):
 def test_failing_cases_name_the_finding_they_belong_to(pair):
     """A failing case group carries the heading of the findings section that names its test and its
     implementation ("known" in the page); without one it is marked new. A section that names the test under
-    another implementation is not it."""
+    another implementation is not it; with no findings to read (a package without the docs) there is no label."""
     from harness.findings import sections
     from harness.report.build import failing_cases
     runs = load_runs(list(pair))
@@ -65,6 +65,7 @@ def test_failing_cases_name_the_finding_they_belong_to(pair):
     assert case["test"].startswith(REG_TEST) and case["finding"] == "Ours: the scan at bf16"
     other = sections("## vLLM 0.33.0\n`test_matches_reference` fails with vllm\n")
     assert failing_cases(runs, other)[0]["cases"][0]["finding"] == ""
+    assert failing_cases(runs, [])[0]["cases"][0]["finding"] is None  # no findings to read: no label
     html = render_html(runs)  # against the repository's findings: the planted case is written up nowhere
     assert "none written up" in html and "(new)" in html
 
