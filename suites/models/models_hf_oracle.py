@@ -290,6 +290,27 @@ def hf_greedy(model, prompt: list[int], n: int):
     return tokens, logits
 
 
+# The oracle's spread is one sample of what fp32 rounding does at the compared steps; our fp32 is a third
+# evaluation order, judged within SPREAD_K of that sample (a nightly case: transformers' two orders 2.3e-2 apart
+# at one step, our fp32 1.1e-1 from our fp64 there, our fp64 1.5e-3 from transformers' generate).
+SPREAD_K = 8.0
+
+
+def oracle_spread(model, prompt: list[int], tokens: list[int], logits: torch.Tensor):
+    """How far transformers' fp32 step logits (`logits`, from generate: one token at a time through its caches)
+    move when the same tokens go through one forward of the whole sequence instead, as a widening of a
+    tolerance (SPREAD_K times it): atol by the largest difference, ratio by the relative norm (rtol 0). That is
+    the oracle's own rounding at these steps: ~1e-6 where they are well conditioned, 1e-2 at ill-conditioned
+    ones (a gated norm over a nearly zero head output, say)."""
+    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
+    with torch.no_grad():
+        full = model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]].double()
+    diff = full - logits.double()
+    from harness.testing.checks import Tolerance
+    return Tolerance(SPREAD_K * float(diff.abs().max()), 0.0,
+                     SPREAD_K * float(diff.norm() / logits.double().norm().clamp_min(1e-30)))
+
+
 def top2_margin(logits: torch.Tensor) -> float:
     """Relative gap between the best and second-best logit: (l1 - l2) / max(1, |l1|)."""
     top = torch.topk(logits.double(), 2).values
@@ -316,13 +337,14 @@ def first_clear_mismatch(ours: list[int], oracle: list[int], oracle_logits: torc
 
 
 def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *, seed: int, context: str,
-                        margin: float = 1e-3, show_cached: bool = False) -> None:
+                        margin: float = 1e-3, show_cached: bool = False, model=None) -> None:
     """The engine's requests ``r{i}`` (`results` of a runner built by `factory`) against transformers'
     greedy generation of each prompt (`oracle`: hf_greedy's (tokens, logits) per prompt): the tokens agree
     tie-aware (first_clear_mismatch with `margin`), and the logits of the steps where both chose the same
     tokens (after a tie the inputs differ) are within tolerance. transformers runs in fp32: the comparison
-    cannot be tighter than fp32's policy (x2 for depth). `show_cached`: a token mismatch's message also says
-    how many tokens the request took from the prefix cache."""
+    cannot be tighter than fp32's policy (x2 for depth). With the transformers `model`, each prompt's tolerance
+    is widened by the oracle's own spread at its steps (`oracle_spread`). `show_cached`: a token mismatch's
+    message also says how many tokens the request took from the prefix cache."""
     from harness.testing.checks import tolerance_for
     tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
     for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
@@ -333,6 +355,12 @@ def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *
                              f"greedy token differs from transformers at step {bad[0]}: ours {bad[1]}, "
                              f"transformers {bad[2]} (margin {bad[3]:.3e})\nours {list(r.tokens)}\nhf   {toks}")
         agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
+        wide, why = tol, context
+        if model is not None:
+            s = oracle_spread(model, p, toks, logits)
+            wide = type(tol)(tol.atol + s.atol, tol.rtol, tol.ratio + s.ratio)
+            why = (f"{context}; widened by {SPREAD_K:g}x the oracle's spread (atol + {s.atol:.2e}, "
+                   f"ratio + {s.ratio:.2e})")
         check.close(f"{family} request {i}: step logits vs transformers", r.step_logits[:agree, :logits.shape[-1]],
                     logits[:agree].double(), op="engine_generate", impl=factory.impl, dtype=factory.dtype,
-                    tol=tol, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]}, context=context)
+                    tol=wide, seed=seed, shapes={"prompt": [len(p)], "steps": [agree]}, context=why)

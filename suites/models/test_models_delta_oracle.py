@@ -32,8 +32,8 @@ from reference import families
 from reference.loader import detect_config, load_checkpoint, safetensors_keys
 from reference.models import ReferenceLM
 
-from models_hf_oracle import (check_engine_greedy, first_clear_mismatch, hf_greedy, quiet_transformers, randomize_,
-                              top2_margin)
+from models_hf_oracle import (SPREAD_K, check_engine_greedy, first_clear_mismatch, hf_greedy, oracle_spread,
+                              quiet_transformers, randomize_, top2_margin)
 
 MARGIN = 1e-3
 FAMILIES = ("gdn", "kda")
@@ -169,26 +169,6 @@ SHALLOW = tolerance_for(torch.float32, 2.0)
 DEEP = tolerance_for(torch.float32, 4.0)
 
 
-# The oracle's spread is one sample of what fp32 rounding does at the compared steps; our fp32 is a third
-# evaluation order, judged within SPREAD_K of that sample (a nightly case: transformers' two orders 2.3e-2 apart
-# at one step, our fp32 1.1e-1 from our fp64 there, our fp64 1.5e-3 from transformers' generate).
-SPREAD_K = 8.0
-
-
-def oracle_spread(model, prompt: list[int], tokens: list[int], logits: torch.Tensor) -> Tolerance:
-    """How far transformers' fp32 step logits (`logits`, from generate: one token at a time through its caches)
-    move when the same tokens go through one forward of the whole sequence instead, as a widening of a
-    tolerance (SPREAD_K times it): atol by the largest difference, ratio by the relative norm (rtol 0). That is
-    the oracle's own rounding at these steps: ~1e-6 where they are well conditioned, 1e-2 at ill-conditioned
-    ones (a gated norm over a nearly zero head output, say)."""
-    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
-    with torch.no_grad():
-        full = model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]].double()
-    diff = full - logits.double()
-    return Tolerance(SPREAD_K * float(diff.abs().max()), 0.0,
-                     SPREAD_K * float(diff.norm() / logits.double().norm().clamp_min(1e-30)))
-
-
 def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check, tol: Tolerance = SHALLOW):
     """Our reference LM in fp32 and fp64, teacher-forced on transformers' greedy tokens, against transformers'
     fp32 step logits, within `tol` widened by the oracle's own spread at those steps (`oracle_spread`)."""
@@ -299,6 +279,22 @@ def test_models_delta_engine_greedy_matches_transformers(family, data, impl, dev
     _engine_parity(d, seed, budget, _prompts(data, d.vocab), impl, device, check)
 
 
+def test_models_delta_engine_ill_conditioned_steps(impl, device, check):
+    """The engine property's failing case under the nightly profile (the float64 reference through the engine):
+    a 3-layer GDN hybrid whose 12-token request meets ill-conditioned steps, where our float64 is 1.09e-2 (error
+    ratio 6.2e-4) from transformers' fp32 and the fp32 tolerance x2 allows 4e-4; within the tolerance widened by
+    the oracle's spread (`oracle_spread`), as every engine comparison is judged."""
+    why = skip_reason(impl, device, "gdn")
+    if why:
+        pytest.skip(why)
+    d = HybridDims("gdn", d_model=32, layer_types=("full_attention", "linear_attention", "linear_attention"),
+                   vocab=40, d_conv=2, heads=1, head_dim=8, v_heads=1, v_head_dim=8, attn_heads=4, attn_kv_heads=1,
+                   attn_head_dim=4, rotary=0.5, sparse=())
+    g = torch.Generator().manual_seed(0)
+    _engine_parity(d, 1, 5, [torch.randint(0, d.vocab, (n,), generator=g).tolist() for n in (1, 2, 12)], impl,
+                   device, check)
+
+
 def _engine_parity(d: HybridDims, seed: int, budget: int, prompts, impl, device, check):
     family = d.family
     prompts = list(prompts)
@@ -315,6 +311,7 @@ def _engine_parity(d: HybridDims, seed: int, budget: int, prompts, impl, device,
     results.update(runner.run([Request("r3", prompts[3], max_new_tokens=n_new)]))
     assert results["r3"].num_cached >= 8, f"the fourth request was not seeded from the prefix cache: {results['r3']}"
     check_engine_greedy(check, family, factory, prompts, oracle, results, seed=seed, margin=MARGIN, show_cached=True,
+                        model=model,
                         context=f"oracle: transformers generate (fp32); token budget {budget}; {d}")
 
 

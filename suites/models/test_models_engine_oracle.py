@@ -62,5 +62,5 @@ def test_models_engine_greedy_matches_transformers(family, data, impl, device, c
         w = load_weights(tmp, device=device)
     runner = factory((w.config, w.params), num_slots=4, token_budget=budget)
     results = runner.run([Request(f"r{i}", p, max_new_tokens=N_NEW) for i, p in enumerate(prompts)])
-    check_engine_greedy(check, family, factory, prompts, oracle, results, seed=seed, margin=MARGIN,
+    check_engine_greedy(check, family, factory, prompts, oracle, results, seed=seed, margin=MARGIN, model=model,
                         context=f"oracle: transformers generate (fp32); token budget {budget}")
