@@ -53,12 +53,27 @@ MLP_TYPES = ("dense", "sparse")
 PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
+# Where a list, every `route` call appends its margin: the smallest gap, in the scores the choice is made on,
+# between a chosen expert and an unchosen one (and between a kept group and a dropped one). A gap of rounding's
+# size means another precision may route the token to other experts: a tie, after which two precisions' outputs
+# part (the model oracle reads these).
+ROUTE_MARGINS: list | None = None
+
+
+def _gap(values, k: int) -> float:
+    """The k-th largest of `values` (a tensor or a list; its finite entries) less the (k+1)-th; inf if none."""
+    v = sorted((float(x) for x in values if abs(float(x)) != float("inf")), reverse=True)
+    return v[k - 1] - v[k] if len(v) > k else float("inf")
+
+
 def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
     """[(expert, weight), ...] of ONE token's router logits (num_experts,), as the module doc says."""
+    margin = float("inf")
     if moe.router == "softmax":
         probs = torch.softmax(logits, dim=-1)
         top = torch.topk(probs, moe.top_k)
         chosen, weights = top.indices, top.values
+        margin = _gap(probs, moe.top_k)
     else:
         scores = torch.sigmoid(logits)
         choice = scores + bias
@@ -66,6 +81,7 @@ def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
             size = moe.num_experts // moe.n_group
             group_score = [float(torch.topk(choice[g * size:(g + 1) * size], 2).values.sum())
                            for g in range(moe.n_group)]
+            margin = _gap(group_score, moe.topk_group)
             keep = sorted(range(moe.n_group), key=lambda g: -group_score[g])[:moe.topk_group]
             masked = torch.full_like(choice, float("-inf"))
             for g in keep:
@@ -73,6 +89,9 @@ def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
             choice = masked
         chosen = torch.topk(choice, moe.top_k).indices
         weights = scores[chosen]
+        margin = min(margin, _gap(choice, moe.top_k))
+    if ROUTE_MARGINS is not None:
+        ROUTE_MARGINS.append(margin)
     if moe.norm_topk_prob:
         weights = weights / (weights.sum() + (1e-20 if moe.router == "sigmoid" else 0.0))
     weights = weights * moe.scaling
