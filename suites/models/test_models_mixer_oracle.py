@@ -46,36 +46,65 @@ def mixer_dims(draw, family):
     return Dims(**kw)
 
 
-def _run(d: Dims, seed: int, batch: int, T: int, steps: int, hf_dtype, ssd: str, check):
+def _hf_run(d: Dims, seed: int, dtype, h, news):
+    """transformers' mixer in `dtype` over the prefill `h`, then each decode input of `news`: per call its output
+    and the cache's ssm and conv states after it."""
     from transformers.cache_utils import DynamicCache
-    mixer, hc = hf_mixer(d, seed, dtype=hf_dtype)
-    cfg = detect_config(json.loads(hc.to_json_string()))
-    ours = make_mixer(cfg, {k: v for k, v in mixer.state_dict().items()}, dtype=hf_dtype,
-                      ops=reference_ops(ssd))
+    mixer, hc = hf_mixer(d, seed, dtype=dtype)
+    cache, K1, got = DynamicCache(config=hc), d.d_conv - 1, []
+    with torch.no_grad():
+        for x in [h] + list(news):
+            y = hf_mixer_call(mixer, x.to(dtype), cache)
+            layer = cache.layers[0]
+            got.append((y, layer.recurrent_states[0].clone(), layer.conv_states[0][..., -K1:].clone()))
+    return mixer, hc, got
+
+
+def _widened(tol: Tolerance, a32, a64) -> Tolerance:
+    """`tol` widened by how far transformers' fp32 moves a value from its "float64" (which runs pieces in fp32)."""
+    diff = a32.double() - a64.double()
+    return Tolerance(tol.atol + float(diff.abs().max()), tol.rtol,
+                     tol.ratio + float(diff.norm() / a64.double().norm().clamp_min(1e-300)))
+
+
+def _run(d: Dims, seed: int, batch: int, T: int, steps: int, hf_dtype, ssd: str, check):
     g = torch.Generator().manual_seed(seed + 1)
     h = torch.randn(batch, T, d.d_model, generator=g, dtype=torch.float64).to(hf_dtype)
     news = torch.randn(steps, batch, 1, d.d_model, generator=g, dtype=torch.float64).to(hf_dtype)
+    mixer, hc, hf = _hf_run(d, seed, hf_dtype, h, news)
+    cfg = detect_config(json.loads(hc.to_json_string()))
+    ours = make_mixer(cfg, {k: v for k, v in mixer.state_dict().items()}, dtype=hf_dtype,
+                      ops=reference_ops(ssd))
     tol = tolerance_for(torch.float32) if hf_dtype == torch.float32 else HF_FP64_TOL
+    # float64: each comparison also allows what fp32 moves transformers' value at that call (its fp32 pieces)
+    hf32 = _hf_run(d, seed, torch.float32, h, news)[2] if hf_dtype == torch.float64 else None
     ctx = dict(op=f"mixer_{d.family}", impl="reference", context=f"oracle: transformers; ssd={ssd}",
-               dtype=hf_dtype, tol=tol, seed=seed, shapes={"hidden": [batch, T, d.d_model]})
+               dtype=hf_dtype, seed=seed, shapes={"hidden": [batch, T, d.d_model]})
 
-    cache = DynamicCache(config=hc)
-    with torch.no_grad():
-        hf_out = hf_mixer_call(mixer, h, cache)
+    def close(name, actual, call, part, expected):
+        t = tol if hf32 is None else _widened(tol, hf32[call][part].reshape(expected.shape), expected)
+        check.close(name, actual, expected, tol=t, **ctx)
+
     cu = torch.arange(batch + 1, dtype=torch.int64) * T
     out, conv, ssm = ours.forward(h.reshape(batch * T, d.d_model), cu)
     # The oracle is transformers here: `actual` = ours, `expected` = transformers.
-    check.close("prefill out", out, hf_out.reshape(batch * T, -1), **ctx)
-    K1 = d.d_conv - 1
-    check.close("prefill ssm state", ssm, cache.layers[0].recurrent_states[0], **ctx)
-    check.close("prefill conv state", conv, cache.layers[0].conv_states[0][..., -K1:], **ctx)
+    close("prefill out", out, 0, 0, hf[0][0].reshape(batch * T, -1))
+    close("prefill ssm state", ssm, 0, 1, hf[0][1])
+    close("prefill conv state", conv, 0, 2, hf[0][2])
     for s in range(steps):
-        with torch.no_grad():
-            hf_y = hf_mixer_call(mixer, news[s], cache)
         y, conv, ssm = ours.step(news[s][:, 0], conv, ssm)
-        check.close(f"decode step {s} out", y, hf_y[:, 0], **ctx)
-        check.close(f"decode step {s} ssm state", ssm, cache.layers[0].recurrent_states[0], **ctx)
-        check.close(f"decode step {s} conv state", conv, cache.layers[0].conv_states[0][..., -K1:], **ctx)
+        close(f"decode step {s} out", y, s + 1, 0, hf[s + 1][0][:, 0])
+        close(f"decode step {s} ssm state", ssm, s + 1, 1, hf[s + 1][1])
+        close(f"decode step {s} conv state", conv, s + 1, 2, hf[s + 1][2])
+
+
+def test_models_mixer_fp32_pieces_of_the_float64_oracle(check):
+    """The property's failing case under the nightly profile: a Falcon-Mamba mixer whose second decode step's
+    output (norm 0.24) is 1.015e-6 (error ratio) from transformers' "float64", against HF_FP64_TOL's 1e-6, where
+    transformers' fp32 is 1.14e-6 from it: within the tolerance widened by that fp32 distance."""
+    d = Dims(family="falcon_mamba", d_model=8, n_layer=1, vocab=32, d_state=8, d_conv=4, expand=1, bias=False,
+             conv_bias=False, mixer_rms_eps=1e-6, dt_rank=3, tie=True)
+    _run(d, 5064, 1, 1, 2, torch.float64, "scan", check)
 
 
 @pytest.mark.parametrize("family", ["mamba1", "falcon_mamba", "mamba2"])
