@@ -302,7 +302,7 @@ def test_record_cut_adds_the_running_tests_as_cut(tmp_path):
     import json
 
     from harness.testing.plugin import finished_tests
-    from harness.testing.resume import main, record_cut, recorded_seconds
+    from harness.testing.resume import main, outcome_lines, record_cut, recorded_seconds
     out = tmp_path / "o.jsonl"
     out.write_text(json.dumps({"nodeid": "a::done", "when": "call", "outcome": "passed", "seconds": 1.0}) + "\n")
     (tmp_path / "o.jsonl.running").write_text(json.dumps({"a::quick": 995.0, "a::slow": 900.0}))
@@ -312,7 +312,7 @@ def test_record_cut_adds_the_running_tests_as_cut(tmp_path):
                                                                                ("a::quick", "cut", 5.0)]
     assert not (tmp_path / "o.jsonl.running").exists() and record_cut(str(out)) == []
     assert finished_tests([str(out)]) == {"a::done"}
-    assert recorded_seconds([str(out)]) == {"a::done": 1.0, "a::slow": 100.0, "a::quick": 5.0}
+    assert recorded_seconds(outcome_lines([str(out)])) == {"a::done": 1.0, "a::slow": 100.0, "a::quick": 5.0}
     assert main(["cut", str(tmp_path / "none.jsonl")]) == 2 and main(["cut"]) == 2
 
 

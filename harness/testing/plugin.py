@@ -348,12 +348,21 @@ def finished_tests(paths, skip_failed: bool = False) -> set[str]:
     """Node ids whose latest verdict in the --outcomes files (read in order, a cut last line ignored) is passed
     or skipped; with `skip_failed`, also those whose latest verdict is a failure on an assertion
     (`_assertion_failure`). A test that passed once and failed in a later run is not finished."""
+    return _finished(_resume_records(paths), skip_failed)
+
+
+def _resume_records(paths) -> list[dict]:
+    """The lines of the --resume files, read once (a usage error names a missing file)."""
     from harness.testing.resume import outcome_lines
     for path in paths:
         if not os.path.isfile(path):
             raise pytest.UsageError(f"--resume: expected an --outcomes file, got {path!r} (no such file)")
+    return list(outcome_lines(paths))
+
+
+def _finished(records, skip_failed: bool) -> set[str]:
     last: dict = {}
-    for rec in outcome_lines(paths):
+    for rec in records:
         if rec.get("when") == "call" and rec.get("outcome") in ("passed", "skipped") or \
                 rec.get("when") == "setup" and rec.get("outcome") == "skipped" or \
                 rec.get("outcome") == "failed":
@@ -365,7 +374,8 @@ def finished_tests(paths, skip_failed: bool = False) -> set[str]:
 def pytest_collection_modifyitems(config, items):
     resume = config.getoption("resume")
     if resume:
-        done = finished_tests(resume, skip_failed=config.getoption("resume_failed") == "skip")
+        records = _resume_records(resume)
+        done = _finished(records, skip_failed=config.getoption("resume_failed") == "skip")
         drop = [item for item in items if item.nodeid in done]
         if drop:
             config.hook.pytest_deselected(items=drop)
@@ -383,7 +393,7 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
     if resume:
-        _slow_first(config, items)
+        _slow_first(config, items, records)
     if _xdist_active(config):
         mark = pytest.mark.skip(reason=XDIST_BENCH_SKIP)
         for item in items:
@@ -400,11 +410,12 @@ def pytest_configure_node(node):
     node.workerinput[_DIST] = node.config.getoption("dist", "load") or "load"
 
 
-def _slow_first(config, items) -> None:
-    """A resumed run starts the tests the earlier runs recorded as slow (cut while running, or long and failed)
-    first, one per worker (`harness.testing.resume`). Every pytest-xdist worker orders its collection alike."""
+def _slow_first(config, items, records) -> None:
+    """A resumed run starts the tests the earlier runs' outcome lines (`records`) record as slow (cut while
+    running, or long and failed) first, one per worker (`harness.testing.resume`). Every pytest-xdist worker
+    orders its collection alike."""
     from harness.testing.resume import recorded_seconds, resume_order
-    seconds = recorded_seconds(config.getoption("resume"))
+    seconds = recorded_seconds(records)
     worker = getattr(config, "workerinput", None)  # on a pytest-xdist worker: what its controller sent
     workers = int(worker["workercount"]) if worker else 1
     dist = worker.get(_DIST, "load") if worker else "no"

@@ -57,9 +57,10 @@ def outcome_lines(paths):
                     continue
 
 
-def recorded_seconds(paths) -> dict[str, float]:
-    """node id -> the seconds of its latest outcome line that has them (a cut line's: how long it had run)."""
-    return {rec["nodeid"]: float(rec["seconds"]) for rec in outcome_lines(paths)
+def recorded_seconds(records) -> dict[str, float]:
+    """node id -> the seconds of its latest outcome line (`records`: the lines, as `outcome_lines` reads them)
+    that has them (a cut line's: how long it had run)."""
+    return {rec["nodeid"]: float(rec["seconds"]) for rec in records
             if isinstance(rec.get("seconds"), (int, float)) and "nodeid" in rec}
 
 
