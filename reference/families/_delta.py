@@ -68,12 +68,12 @@ def _gap(values, k: int) -> float:
 
 def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
     """[(expert, weight), ...] of ONE token's router logits (num_experts,), as the module doc says."""
-    margin = float("inf")
     if moe.router == "softmax":
         probs = torch.softmax(logits, dim=-1)
         top = torch.topk(probs, moe.top_k)
         chosen, weights = top.indices, top.values
-        margin = _gap(probs, moe.top_k)
+        if ROUTE_MARGINS is not None:
+            ROUTE_MARGINS.append(_gap(probs, moe.top_k))
     else:
         scores = torch.sigmoid(logits)
         choice = scores + bias
@@ -81,7 +81,6 @@ def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
             size = moe.num_experts // moe.n_group
             group_score = [float(torch.topk(choice[g * size:(g + 1) * size], 2).values.sum())
                            for g in range(moe.n_group)]
-            margin = _gap(group_score, moe.topk_group)
             keep = sorted(range(moe.n_group), key=lambda g: -group_score[g])[:moe.topk_group]
             masked = torch.full_like(choice, float("-inf"))
             for g in keep:
@@ -89,9 +88,9 @@ def route(logits: torch.Tensor, moe: MoESpec, bias=None) -> list:
             choice = masked
         chosen = torch.topk(choice, moe.top_k).indices
         weights = scores[chosen]
-        margin = min(margin, _gap(choice, moe.top_k))
-    if ROUTE_MARGINS is not None:
-        ROUTE_MARGINS.append(margin)
+        if ROUTE_MARGINS is not None:
+            groups = [_gap(group_score, moe.topk_group)] if moe.n_group > 1 else []
+            ROUTE_MARGINS.append(min([_gap(choice, moe.top_k)] + groups))
     if moe.norm_topk_prob:
         weights = weights / (weights.sum() + (1e-20 if moe.router == "sigmoid" else 0.0))
     weights = weights * moe.scaling

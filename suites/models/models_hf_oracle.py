@@ -296,19 +296,28 @@ def hf_greedy(model, prompt: list[int], n: int):
 SPREAD_K = 8.0
 
 
+def spread(a: torch.Tensor, b: torch.Tensor, k: float = 1.0):
+    """k times the distance of two values the oracle gives for one quantity, as a widening of a tolerance: atol
+    by the largest difference, ratio by the difference's norm relative to `b`'s (rtol 0)."""
+    from harness.testing.checks import Tolerance
+    diff = a.double() - b.double()
+    return Tolerance(k * float(diff.abs().max()), 0.0, k * float(diff.norm() / b.double().norm().clamp_min(1e-300)))
+
+
+def widened(tol, s):
+    """`tol` widened by a `spread`."""
+    return type(tol)(tol.atol + s.atol, tol.rtol, tol.ratio + s.ratio)
+
+
 def oracle_spread(model, prompt: list[int], tokens: list[int], logits: torch.Tensor):
     """How far transformers' fp32 step logits (`logits`, from generate: one token at a time through its caches)
-    move when the same tokens go through one forward of the whole sequence instead, as a widening of a
-    tolerance (SPREAD_K times it): atol by the largest difference, ratio by the relative norm (rtol 0). That is
-    the oracle's own rounding at these steps: ~1e-6 where they are well conditioned, 1e-2 at ill-conditioned
-    ones (a gated norm over a nearly zero head output, say)."""
+    move when the same tokens go through one forward of the whole sequence instead: their `spread`, SPREAD_K
+    times. That is the oracle's own rounding at these steps: ~1e-6 where they are well conditioned, 1e-2 at
+    ill-conditioned ones (a gated norm over a nearly zero head output, say)."""
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
     with torch.no_grad():
-        full = model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]].double()
-    diff = full - logits.double()
-    from harness.testing.checks import Tolerance
-    return Tolerance(SPREAD_K * float(diff.abs().max()), 0.0,
-                     SPREAD_K * float(diff.norm() / logits.double().norm().clamp_min(1e-30)))
+        full = model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]]
+    return spread(full, logits, SPREAD_K)
 
 
 def top2_margin(logits: torch.Tensor) -> float:
@@ -358,7 +367,7 @@ def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *
         wide, why = tol, context
         if model is not None:
             s = oracle_spread(model, p, toks, logits)
-            wide = type(tol)(tol.atol + s.atol, tol.rtol, tol.ratio + s.ratio)
+            wide = widened(tol, s)
             why = (f"{context}; widened by {SPREAD_K:g}x the oracle's spread (atol + {s.atol:.2e}, "
                    f"ratio + {s.ratio:.2e})")
         check.close(f"{family} request {i}: step logits vs transformers", r.step_logits[:agree, :logits.shape[-1]],

@@ -33,7 +33,7 @@ from reference.loader import detect_config, load_checkpoint, safetensors_keys
 from reference.models import ReferenceLM
 
 from models_hf_oracle import (SPREAD_K, check_engine_greedy, first_clear_mismatch, hf_greedy, oracle_spread,
-                              quiet_transformers, randomize_, top2_margin)
+                              quiet_transformers, randomize_, top2_margin, widened)
 
 MARGIN = 1e-3
 FAMILIES = ("gdn", "kda")
@@ -209,7 +209,7 @@ def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check, tol:
         runs = {dt: forced_until_tie(ref, p, n_new, toks) for dt, ref in refs.items()}
         upto = min(t for _, t in runs.values())
         spread = oracle_spread(model, p, toks, logits)
-        wide = Tolerance(tol.atol + spread.atol, tol.rtol, tol.ratio + spread.ratio)
+        wide = widened(tol, spread)
         for dtype, (gen, _) in runs.items():
             if upto == 0:
                 break  # a tie in the prompt's routing: no step to compare

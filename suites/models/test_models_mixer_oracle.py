@@ -18,7 +18,7 @@ from reference.loader import detect_config
 from reference.mixers import make_mixer, reference_ops
 
 from models_hf_oracle import (HF_UNGROUPED_NORM, Dims, hf_mamba2_norm_is_grouped, hf_mixer, hf_mixer_call,
-                              mamba2_group_choices)
+                              mamba2_group_choices, spread, widened)
 
 # transformers' "float64" mixers still run some pieces in float32 (D.float(), the gated RMSNorm and
 # Falcon's B/C/dt norms upcast to float32 only), so an fp64 comparison can only be this tight:
@@ -60,13 +60,6 @@ def _hf_run(d: Dims, seed: int, dtype, h, news):
     return mixer, hc, got
 
 
-def _widened(tol: Tolerance, a32, a64) -> Tolerance:
-    """`tol` widened by how far transformers' fp32 moves a value from its "float64" (which runs pieces in fp32)."""
-    diff = a32.double() - a64.double()
-    return Tolerance(tol.atol + float(diff.abs().max()), tol.rtol,
-                     tol.ratio + float(diff.norm() / a64.double().norm().clamp_min(1e-300)))
-
-
 def _run(d: Dims, seed: int, batch: int, T: int, steps: int, hf_dtype, ssd: str, check):
     g = torch.Generator().manual_seed(seed + 1)
     h = torch.randn(batch, T, d.d_model, generator=g, dtype=torch.float64).to(hf_dtype)
@@ -82,7 +75,7 @@ def _run(d: Dims, seed: int, batch: int, T: int, steps: int, hf_dtype, ssd: str,
                dtype=hf_dtype, seed=seed, shapes={"hidden": [batch, T, d.d_model]})
 
     def close(name, actual, call, part, expected):
-        t = tol if hf32 is None else _widened(tol, hf32[call][part].reshape(expected.shape), expected)
+        t = tol if hf32 is None else widened(tol, spread(hf32[call][part].reshape(expected.shape), expected))
         check.close(name, actual, expected, tol=t, **ctx)
 
     cu = torch.arange(batch + 1, dtype=torch.int64) * T
