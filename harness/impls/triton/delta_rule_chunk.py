@@ -94,9 +94,9 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
-                                            "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 64,
-                                            "out_warps": 4, "out_stages": 1, "out_bk": 64, "prep_bk": 0,
-                                            "state_tf32": False, "update_keys": "stored", "out_heads": "value",
+                                            "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 128,
+                                            "out_warps": 8, "out_stages": 1, "out_bk": 64, "prep_bk": 0,
+                                            "state_tf32": False, "update_keys": "stored", "out_heads": "key",
                                             "prep_heads": "value"})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
