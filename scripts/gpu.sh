@@ -35,7 +35,8 @@
 # BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
 # SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
 # seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S); SHRINK_S the seconds a failing hypothesis test
-# shrinks its example for (default 60); COMPUTE_SANITIZER the compute-sanitizer the replays
+# shrinks its example for (default 60); GENERATE_S the seconds a peers' property test draws examples for (default
+# 240); COMPUTE_SANITIZER the compute-sanitizer the replays
 # of faulted tests run under (default: the installed one; empty: none).
 #
 # Steps and what each writes into the baseline folder:
@@ -376,9 +377,13 @@ step_peers() {
   # (mamba_ssm's, vLLM's and SGLang's Triton kernels; fla-core asks for it itself) keeps its results in
   # Triton's cache, so one worker's tuning of a drawn shape serves the others and, through .peers/autotune,
   # the next machine: without it each process tunes each shape anew (mamba_ssm's SSD kernels hold ~200
-  # autotune configs; its SSD property tests were still running at 327 s when a peers run was cut)
+  # autotune configs; its SSD property tests were still running at 327 s when a peers run was cut).
+  # --generate-seconds GENERATE_S (default 240): vLLM's and mamba_ssm's SSD and delta-rule property tests compile
+  # and tune each drawn shape anew and ran past 476 s, so a run of at most 600 s restarted them from nothing
+  # every time; each now stops drawing after that long, and its outcome line says after how many examples
   timeout "$(limit ${PEERS_S:-900})" env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/ --ignore=suites/bench \
     -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$WORKERS" $XDIST \
+    --generate-seconds "${GENERATE_S:-240}" \
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1

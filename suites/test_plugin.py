@@ -1,4 +1,5 @@
 """The pytest plugin as a user meets it: device errors, records from xdist workers, impl selection."""
+import json
 import os
 import subprocess
 import sys
@@ -504,6 +505,51 @@ def test_outcome_of_a_lost_context_names_the_last_op_call():
     report.user_properties = []
     line = plugin._outcome_line(report)
     assert "last_call" not in line and line["why"].startswith("E   torch.AcceleratorError"), line
+
+
+def test_generate_seconds_caps_drawing_and_says_so(tmp_path):
+    """--generate-seconds S: a property test draws no new example after S seconds (the examples run decide it,
+    and its --outcomes line says the cap ended it, after how many examples), on pytest-xdist's workers too; a
+    failure is still found and reported as one; a test the cap does not reach has no note; a negative S is a
+    usage error."""
+    (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
+    (tmp_path / "test_k.py").write_text(textwrap.dedent("""
+        import os, time
+        from hypothesis import given, settings, strategies as st
+        @settings(max_examples=50, database=None)
+        @given(st.integers(0, 10**6))
+        def test_slow(x):
+            with open(os.path.join(os.path.dirname(__file__), "ran"), "a") as f:
+                f.write(".")
+            time.sleep(0.1)
+        @settings(max_examples=50, database=None)
+        @given(st.integers(0, 10**6))
+        def test_fails(x):
+            time.sleep(0.1)
+            assert x < 0
+        @settings(max_examples=3, database=None)
+        @given(st.integers())
+        def test_quick(x):
+            pass
+    """))
+    for extra in ([], ["-n", "2"]):
+        outcomes, ran = tmp_path / f"o{len(extra)}.jsonl", tmp_path / "ran"
+        ran.write_text("")
+        r = _pytest(["--device", "cpu", "-q", "--generate-seconds", "0.5", "--shrink-seconds", "1", "--outcomes",
+                     str(outcomes), *extra, str(tmp_path / "test_k.py")], cwd=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        lines = {json.loads(x)["nodeid"].split("::")[-1]: json.loads(x) for x in outcomes.read_text().splitlines()}
+        n = len(ran.read_text())
+        assert 1 <= n < 20, (n, extra)  # 50 drawn without the cap (0.1 s each)
+        slow = lines["test_slow"]
+        assert slow["outcome"] == "passed" and slow["why"].startswith("--generate-seconds: ") and \
+            f" of 50 examples drawn in " in slow["why"], (slow, extra)
+        assert int(slow["why"].split()[1]) == n, (slow, n)
+        assert lines["test_fails"]["outcome"] == "failed", (lines["test_fails"], extra)
+        assert lines["test_quick"]["outcome"] == "passed" and lines["test_quick"]["why"] == "", lines["test_quick"]
+    r = _pytest(["--device", "cpu", "-q", "--generate-seconds", "-1", str(tmp_path / "test_k.py")], cwd=tmp_path)
+    assert r.returncode == 4 and "--generate-seconds: expected a finite number of seconds >= 0" in r.stderr, \
+        r.stdout + r.stderr
 
 
 def test_shrink_seconds_caps_hypothesis_shrinking(tmp_path):

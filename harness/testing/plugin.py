@@ -19,6 +19,9 @@ Options
                                  harness.testing.resume) start first, one per worker
   --shrink-seconds S             stop shrinking a failing hypothesis example after S seconds (hypothesis' own
                                  limit is 300 s: on a GPU run a failing test could take minutes)
+  --generate-seconds S           a property test draws no new example after S seconds of drawing (at least one
+                                 example runs; a failure found is still shrunk): the examples run decide it, and
+                                 its --outcomes line says the cap ended it and after how many examples
   --resume-failed {rerun,skip}   skip: with --resume, a test whose last recorded failure is an assertion (a
                                  comparison's verdict, e.g. a peer's written-up finding) is not run again;
                                  failures of any other kind (errors, crashes, lost CUDA contexts) are
@@ -89,6 +92,10 @@ def pytest_addoption(parser):
     g.addoption("--shrink-seconds", action="store", type=float, default=None, metavar="S",
                 help="stop shrinking a failing hypothesis example after S seconds (default: hypothesis' own, 300): "
                      "a failure on a GPU run is reported with a less minimal example instead of using minutes")
+    g.addoption("--generate-seconds", action="store", type=float, default=None, metavar="S",
+                help="a property test draws no new example after S seconds of drawing (at least one runs); "
+                     "its --outcomes line says so (a peer that compiles and autotunes each drawn shape anew "
+                     "can take minutes per example)")
     g.addoption("--resume-failed", action="store", default="rerun", choices=("rerun", "skip"),
                 help="with --resume: run the tests it records as failed again (rerun, default), or only those "
                      "that did not fail on an assertion (skip: a comparison's verdict stands; errors, crashes "
@@ -110,6 +117,56 @@ def _cap_shrinking(seconds) -> None:
         raise pytest.UsageError(f"--shrink-seconds: expected hypothesis' engine to have MAX_SHRINKING_SECONDS, got "
                                 f"hypothesis {hypothesis.__version__} without it")
     engine.MAX_SHRINKING_SECONDS = seconds
+
+
+_CAPPED = "generation_capped"
+
+
+def _cap_generation(seconds) -> None:
+    """--generate-seconds: hypothesis' engine stops generating new examples of a test that has found no failure
+    once S seconds have passed since it began generating (and at least one example was valid): the run then ends
+    as if its max_examples were reached. The test being run learns it through a user property (`_CAPPED`: the
+    examples run, of how many, and the seconds), which the --outcomes line reports."""
+    if seconds is None:
+        return
+    import math
+
+    from hypothesis.internal.conjecture import engine
+    if not math.isfinite(seconds) or seconds < 0:
+        raise pytest.UsageError(f"--generate-seconds: expected a finite number of seconds >= 0, got {seconds}")
+    runner = getattr(engine, "ConjectureRunner", None)
+    more = getattr(runner, "should_generate_more", None)
+    if more is None:
+        import hypothesis
+        raise pytest.UsageError(f"--generate-seconds: expected hypothesis' ConjectureRunner.should_generate_more, "
+                                f"got hypothesis {hypothesis.__version__} without it")
+    if getattr(more, "_capped_at", None) is not None:  # a second configure in one process: the cap changes
+        more = more.__wrapped__
+
+    def should_generate_more(self) -> bool:
+        if not more(self):
+            return False
+        began = self.__dict__.setdefault("_harness_began", time.monotonic())
+        spent = time.monotonic() - began
+        if self.interesting_examples or self.valid_examples < 1 or spent < seconds:
+            return True
+        item = _STATE.get("item")
+        if item is not None:
+            item.user_properties.append((_CAPPED, {"examples": self.valid_examples,
+                                                   "of": self.settings.max_examples, "seconds": round(spent, 1)}))
+        return False
+    should_generate_more.__wrapped__, should_generate_more._capped_at = more, seconds
+    runner.should_generate_more = should_generate_more
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The test being run, for the generation cap's note (`_cap_generation`)."""
+    _STATE["item"] = item
+    try:
+        return (yield)
+    finally:
+        _STATE.pop("item", None)
 
 
 def _register_profiles():
@@ -159,6 +216,7 @@ def pytest_configure(config):
     profile = config.getoption("profile")
     settings.load_profile(profile)
     _cap_shrinking(config.getoption("shrink_seconds"))
+    _cap_generation(config.getoption("generate_seconds"))
 
     from harness.impls import registry
     names = config.getoption("impl")
@@ -245,6 +303,11 @@ def _outcome_line(report) -> dict | None:
         why = why[:500]
     elif report.skipped and isinstance(report.longrepr, tuple):
         why = str(report.longrepr[2])[:500]
+    else:
+        caps = [v for k, v in getattr(report, "user_properties", ()) or () if k == _CAPPED]
+        if caps:  # the cap ended the drawing (every hypothesis run of the test: parametrised once, one run)
+            why = "; ".join(f"--generate-seconds: {c['examples']} of {c['of']} examples drawn in {c['seconds']} s"
+                            for c in caps)
     line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
             "seconds": round(report.duration, 3), "why": why,
             "worker": getattr(report, "node", None) and report.node.gateway.id,
