@@ -1,0 +1,62 @@
+"""What a peer's Triton kernels need to run under Triton's interpreter (TRITON_INTERPRET=1, on the CPU) that their
+GPU path does not. `interpretable(prefix)` applies both shims below to every loaded module of the peer's package
+(named by `prefix`, e.g. "fla."), once per module:
+
+- each `@triton.autotune` kernel keeps its first config: the interpreter's autotuner would time every config
+  and asks for a GPU driver to do so (our own kernels do the same through `_common.autotune_configs`);
+- inside an interpreted kernel a loop over Python's `range` gives interpreter tensors, as compiled Triton's loop
+  variables are: fla-core's chunked GDN state kernel calls `i_t.to(tl.int64)` on its chunk index, which a
+  Python int lacks. The module's `range` is Python's everywhere else (host code, and every kernel of a module
+  while no kernel runs), told apart by whether the interpreter has replaced `tl.range` for the running kernel.
+
+Nothing here changes what the kernels compute; on a GPU none of it is applied.
+"""
+from __future__ import annotations
+
+import builtins
+import sys
+
+_DONE: set[str] = set()
+
+
+def _in_interpreted_kernel() -> bool:
+    import triton.language as tl
+    # the interpreter swaps tl.range (a class) for a function of its own while it runs a kernel
+    return not isinstance(tl.range, type)
+
+
+def _range(*args):
+    """Python's range; inside an interpreted kernel its values as int32 interpreter scalars."""
+    if not _in_interpreted_kernel():
+        yield from builtins.range(*args)
+        return
+    import triton.language as tl
+    for i in builtins.range(*(int(a) for a in args)):
+        yield tl.full((), i, tl.int32)
+
+
+def _first_configs(obj) -> None:
+    """Along a kernel's wrappers (heuristics, autotune, jit: each holds the next as `.fn`), every autotuner
+    keeps its first config."""
+    from triton.runtime.autotuner import Autotuner
+    seen = 0
+    while obj is not None and seen < 8:
+        if isinstance(obj, Autotuner) and len(obj.configs) > 1:
+            obj.configs = obj.configs[:1]
+        obj, seen = getattr(obj, "fn", None), seen + 1
+
+
+def interpretable(prefix: str) -> None:
+    """Apply the shims to the loaded modules whose names start with `prefix` (call after importing the peer's
+    entry points, again after importing more of it: each module is patched once)."""
+    from triton.runtime.jit import KernelInterface
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith(prefix) or name in _DONE or mod is None:
+            continue
+        _DONE.add(name)
+        kernels = [v for v in vars(mod).values() if isinstance(v, KernelInterface)]
+        if not kernels:
+            continue
+        for k in kernels:
+            _first_configs(k)
+        mod.range = _range
