@@ -606,11 +606,17 @@ def _outcome_files(r: Run) -> list[str]:
     return [os.path.join(d, "outcomes.jsonl") for d in sorted(folders) if os.path.isfile(os.path.join(d, "outcomes.jsonl"))]
 
 
+CAPPED = "passed on fewer examples than the profile draws (--generate-seconds ended the drawing)"
+
+
 def skipped(runs: list[Run]) -> list[dict]:
-    """Per run with an `outcomes.jsonl` (the suites' --outcomes file): skipped tests grouped by reason."""
+    """Per run with an `outcomes.jsonl` (the suites' --outcomes file): skipped tests grouped by reason (`n`
+    counts them), and a group of the tests that passed on fewer examples than asked, a `--generate-seconds` cap
+    having ended their drawing (`CAPPED`; each id with its note; not in `n`)."""
     out = []
     for alias, r in zip(aliases(runs), runs):
         reasons: dict = defaultdict(list)
+        capped: list = []
         for path in _outcome_files(r):
             with open(path, encoding="utf-8") as f:
                 for line in f:
@@ -622,10 +628,16 @@ def skipped(runs: list[Run]) -> list[dict]:
                         why = (str(o.get("why") or "").strip().splitlines() or ["(no reason given)"])[0]
                         why = why.removeprefix("Skipped: ")
                         reasons[why].append(o.get("nodeid", "?"))
-        if reasons:
+                    elif o.get("outcome") == "passed" and str(o.get("why") or "").startswith("--generate-seconds"):
+                        note = str(o["why"]).removeprefix("--generate-seconds: ")
+                        capped.append(f"{o.get('nodeid', '?')} ({note})")
+        if reasons or capped:
             groups = [{"reason": why, "n": len(ids), "tests": sorted(ids)}
                       for why, ids in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
-            out.append({"run": alias, "label": r.label, "n": sum(g["n"] for g in groups), "groups": groups})
+            n = sum(g["n"] for g in groups)
+            if capped:
+                groups.append({"reason": CAPPED, "n": len(capped), "tests": sorted(capped)})
+            out.append({"run": alias, "label": r.label, "n": n, "groups": groups})
     return out
 
 

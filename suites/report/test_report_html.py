@@ -192,7 +192,8 @@ def test_history_of_runs_has_a_trend(tmp_path):
 
 def test_skipped_tests_get_their_own_section(tmp_path):
     """A run folder's outcomes.jsonl (harness run writes it) lists skips: grouped by one-line reason with
-    counts, the test ids inside a collapsed <details>."""
+    counts, the test ids inside a collapsed <details>; the passes a --generate-seconds cap cut short in a group
+    of their own, not counted as skips."""
     d = tmp_path / "run"
     d.mkdir()
     make_run(str(d / "results.jsonl"))
@@ -202,12 +203,17 @@ def test_skipped_tests_get_their_own_section(tmp_path):
     lines.append({"nodeid": "suites/ops/test_y.py::test_b", "when": "call", "outcome": "skipped",
                   "why": "needs a CUDA device"})
     lines.append({"nodeid": "suites/ops/test_y.py::test_c", "when": "call", "outcome": "passed", "why": ""})
+    lines.append({"nodeid": "suites/ops/test_y.py::test_d", "when": "call", "outcome": "passed",
+                  "why": "--generate-seconds: 3 of 8 examples drawn in 241.2 s"})
     (d / "outcomes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     html = render_html(load_runs([str(d)]))
     sec = re.search(r'<section id="skipped">(.*?)</section>', html, re.S).group(1)
     assert re.search(r'<span class="count">3</span> triton: no initial state for the CUDA scan</summary>', sec)
     assert re.search(r'<span class="count">1</span> needs a CUDA device</summary>', sec)
     assert "Falsifying" not in sec and "test_c" not in sec
+    # a pass on fewer examples than asked (a --generate-seconds cap) is listed apart, with its note
+    assert re.search(r'<span class="count">1</span> passed on fewer examples than the profile draws', sec)
+    assert "test_d (3 of 8 examples drawn in 241.2 s)" in sec
     assert '4 skipped tests' in html  # on the first screen
 
 
