@@ -31,7 +31,7 @@ def _range(*args):
         yield from builtins.range(*args)
         return
     import triton.language as tl
-    for i in builtins.range(*(int(a) for a in args)):
+    for i in builtins.range(*(int(getattr(a, "value", a)) for a in args)):  # constexprs hold theirs in .value
         yield tl.full((), i, tl.int32)
 
 
