@@ -182,6 +182,22 @@ def test_ssd_varlen_state_of_a_sequence_ending_in_its_first_chunk(impl, device, 
     this final state lost the initial state's decayed contribution; y was right, so the error showed on
     the next decode step (chunked prefill of one request, then decode). Chunk 8; lengths 1-13. `one-token`
     is what test_ssd_varlen_matches_oracle shrank the failure to (mamba_ssm under the CPU interpreter)."""
+    _final_states_match(impl, device, check, lengths, from_state)
+
+
+@pytest.mark.parametrize("lengths", [[0, 5], [0, 0, 9]], ids=["one-empty", "two-empty"])
+def test_ssd_varlen_empty_first_sequence(impl, device, check, lengths):
+    """Regression (mamba_ssm 2.3.2, found under the CPU interpreter's bounds checks by
+    test_ssd_varlen_batch_invariance): with an empty first sequence (cu_seqlens [0, 0, ...]) its
+    `_chunk_state_varlen_kernel` reads dA_cumsum one element before the tensor (its chunk (end - 1) // chunk
+    is 0, and the last-token offset end - 1 is -1). The outputs and states must still be the reference's and no
+    kernel may read outside its arguments (on a GPU such a read goes unseen; the interpreter's checks fail it)."""
+    _final_states_match(impl, device, check, lengths, [False] * len(lengths))
+
+
+def _final_states_match(impl, device, check, lengths, from_state):
+    """The op on sequences of `lengths` (chunk 8), each from its slot's state where `from_state`, against the
+    reference: y, every request's final state, and an unnamed slot left bit for bit."""
     require(impl, OP, torch.float32)
     H, P, N, chunk = 2, 4, 4, 8
     g = torch.Generator().manual_seed(sum(lengths))

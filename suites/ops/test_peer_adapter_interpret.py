@@ -3,13 +3,14 @@ what the fla adapter applies on the CPU), on a stand-in peer module with both th
 autotuned kernel with two configs, and a loop index used as a tensor (`i.to(tl.int64)`, as fla-core's chunked
 GDN state kernel does)."""
 import importlib.util
+import inspect
 import sys
 import textwrap
 
 import pytest
 import torch
 
-from harness.impls.adapters._interpret import interpretable
+from harness.impls.adapters._interpret import interpretable, interpreted
 from harness.impls.triton._common import interpreting
 
 PEER = textwrap.dedent("""
@@ -32,6 +33,12 @@ PEER = textwrap.dedent("""
 
     def host_indices(n):
         return [i for i in range(n)]
+
+    def cumsum_on_its_device(x, *, out=None):
+        import torch
+        with torch.cuda.device(x.device.index):  # as mamba_ssm launches its kernels
+            o = cumsum(x)
+        return o if out is None else out.copy_(o)
 """)
 
 
@@ -66,3 +73,25 @@ def test_interpretable_runs_a_peer_kernel_the_interpreter_could_not(tmp_path):
         assert mod.host_indices(3) == [0, 1, 2] and all(type(i) is int for i in mod.host_indices(3))
     finally:
         del sys.modules["harness_stand_in_peer"]
+
+
+@pytest.mark.skipif(not interpreting(), reason="the shims are for Triton's interpreter (pytest --device cpu sets it)")
+def test_interpreted_op_runs_a_peer_that_enters_the_cuda_device_of_a_cpu_tensor(tmp_path):
+    """`interpreted(prefix, op)`: the peer's kernels made interpretable at the call, and `torch.cuda.device` of a
+    CPU tensor's index (None) a no-op around it (torch's raises); the op keeps its name and signature and is
+    what `inspect.unwrap` returns (the contract tests unwrap ops to what was registered)."""
+    mod = _load(tmp_path, "harness_stand_in_peer_dev")
+    try:
+        x = torch.arange(1.0, 5.0)
+        with pytest.raises(TypeError):
+            with torch.cuda.device(x.device.index):
+                pass
+        op = interpreted("harness_stand_in_peer_dev", mod.cumsum_on_its_device)
+        assert inspect.unwrap(op) is op and op.__name__ == "cumsum_on_its_device"
+        assert "out" in inspect.signature(op).parameters
+        assert torch.equal(op(x), torch.cumsum(x, 0))
+        with pytest.raises(TypeError):  # only while the op runs
+            with torch.cuda.device(x.device.index):
+                pass
+    finally:
+        del sys.modules["harness_stand_in_peer_dev"]

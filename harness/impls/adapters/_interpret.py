@@ -9,11 +9,18 @@ GPU path does not. `interpretable(prefix)` applies both shims below to every loa
   Python int lacks. The module's `range` is Python's everywhere else (host code, and every kernel of a module
   while no kernel runs), told apart by whether the interpreter has replaced `tl.range` for the running kernel.
 
+`cpu_device_guards()` makes `torch.cuda.device(None)` (or of a CPU device) a no-op while a peer op runs: mamba_ssm
+launches its kernels inside `with torch.cuda.device(x.device.index)`, and a CPU tensor's index is None, which
+torch's rejects.
+`interpreted(prefix, fn)` wraps a peer op in both (the shims applied at its first call).
+
 Nothing here changes what the kernels compute; on a GPU none of it is applied.
 """
 from __future__ import annotations
 
 import builtins
+import contextlib
+import inspect
 import sys
 
 _DONE: set[str] = set()
@@ -60,3 +67,33 @@ def interpretable(prefix: str) -> None:
         for k in kernels:
             _first_configs(k)
         mod.range = _range
+
+
+@contextlib.contextmanager
+def cpu_device_guards():
+    """While inside, `torch.cuda.device(None)` (a CPU tensor's device index) or of a CPU device is a no-op."""
+    import torch
+    real = torch.cuda.device
+
+    def device(index):
+        cpu = index is None or getattr(index, "type", None) == "cpu"  # an index, or a torch.device
+        return contextlib.nullcontext() if cpu else real(index)
+    torch.cuda.device = device
+    try:
+        yield
+    finally:
+        torch.cuda.device = real
+
+
+def interpreted(prefix: str, fn):
+    """`fn` (a peer op of the package `prefix`) with the shims: the package's kernels made interpretable at the
+    call, and `cpu_device_guards` around it."""
+    def call(*args, **kwargs):
+        interpretable(prefix)
+        with cpu_device_guards():
+            return fn(*args, **kwargs)
+    # fn's name, doc and signature, but no __wrapped__: the contract tests unwrap an op to what was registered
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(call, attr, getattr(fn, attr, None))
+    call.__signature__ = inspect.signature(fn)
+    return call

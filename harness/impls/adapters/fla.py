@@ -1,6 +1,6 @@
 """Adapter for flash-linear-attention (`fla-core`, a pure-Python wheel of Triton kernels; needs einops).
 
-Impl `fla` (CUDA; on the CPU under Triton's interpreter, fp32: `_interpret` makes fla's kernels interpretable):
+Impl `fla` (CUDA; on the CPU under Triton's interpreter too, fp32, through `_interpret.interpreted`):
 * gated_delta_rule_varlen <- fla.ops.gated_delta_rule.chunk_gated_delta_rule
 * gated_delta_rule_update <- fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule
 * kda_varlen              <- fla.ops.kda.chunk_kda
@@ -38,7 +38,7 @@ from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows,
                                     require_kda_gate_floor, scatter_slots, unavailable_reason)
-from harness.impls.adapters._interpret import interpretable
+from harness.impls.adapters._interpret import interpreted
 from harness.impls.adapters._source import PeerWheels
 from harness.impls.registry import Impl, register
 from harness.impls.triton._common import has_gpu, interpreting
@@ -49,14 +49,6 @@ SOURCE = PeerWheels(("fla-core==0.6.0", "einops==0.8.2"))
 _GDN = "fla.ops.gated_delta_rule"
 _KDA = "fla.ops.kda"
 _KDA_REC = "fla.ops.kda.fused_recurrent"
-
-
-def _fla(name: str):
-    """fla's module `name`; under Triton's interpreter with its kernels made interpretable (`_interpret`)."""
-    mod = import_peer(name)
-    if interpreting():
-        interpretable("fla.")
-    return mod
 
 
 def _gather(pool, slots, use):
@@ -118,14 +110,14 @@ def _update(fn, validate, q, k, v, g, beta, ssm_states, state_indices, scale, us
 
 def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
                             scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _varlen(lambda *a, **kw: _fla(_GDN).chunk_gated_delta_rule(*a, **kw),
+    return _varlen(lambda *a, **kw: import_peer(_GDN).chunk_gated_delta_rule(*a, **kw),
                    C.validate_gated_delta_rule_varlen, q, k, v, g, beta, ssm_states, query_start_loc,
                    cache_indices, has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
 
 
 def gated_delta_rule_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
                             pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _update(lambda *a, **kw: _fla(_GDN).fused_recurrent_gated_delta_rule(*a, **kw),
+    return _update(lambda *a, **kw: import_peer(_GDN).fused_recurrent_gated_delta_rule(*a, **kw),
                    C.validate_gated_delta_rule_update, q, k, v, g, beta, ssm_states, state_indices, scale,
                    use_qk_l2norm, pad_slot_id, out)
 
@@ -140,14 +132,14 @@ def validate_kda_chunk(who: str):
 
 def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
                use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _varlen(lambda *a, **kw: _fla(_KDA).chunk_kda(*a, **kw), validate_kda_chunk("fla chunk_kda"),
+    return _varlen(lambda *a, **kw: import_peer(_KDA).chunk_kda(*a, **kw), validate_kda_chunk("fla chunk_kda"),
                    q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
                    use_qk_l2norm, pad_slot_id, out)
 
 
 def kda_update(q, k, v, g, beta, ssm_states, state_indices, *, scale=None, use_qk_l2norm=False,
                pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _update(lambda *a, **kw: _fla(_KDA).fused_recurrent_kda(*a, **kw), C.validate_kda_update,
+    return _update(lambda *a, **kw: import_peer(_KDA).fused_recurrent_kda(*a, **kw), C.validate_kda_update,
                    q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
 
 
@@ -172,7 +164,7 @@ def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices
         gather_slots(ssm_states, start, live, torch.float32)
     table = torch.arange(Bsz * S, dtype=torch.int32, device=dev).reshape(Bsz, S)
     with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
-        o, _ = _fla(_KDA_REC).fused_recurrent_kda_fwd(
+        o, _ = import_peer(_KDA_REC).fused_recurrent_kda_fwd(
             q.contiguous()[None], k.contiguous()[None], v.contiguous()[None], g.contiguous()[None],
             beta.contiguous()[None], scale=scale, initial_state=scratch.view(Bsz * S, H, V, K),
             inplace_final_state=True, state_v_first=True, cu_seqlens=query_start_loc.contiguous(),
@@ -190,10 +182,10 @@ def _unavailable():
     return unavailable_reason("fla-core", _GDN, _KDA, _KDA_REC)
 
 
+_OPS = {"gated_delta_rule_varlen": gated_delta_rule_varlen, "gated_delta_rule_update": gated_delta_rule_update,
+        "kda_varlen": kda_varlen, "kda_update": kda_update, "kda_update_spec": kda_update_spec}
 register(Impl(name="fla", reads_host=True, devices=("cuda", "cpu"),
-              ops={"gated_delta_rule_varlen": gated_delta_rule_varlen,
-                   "gated_delta_rule_update": gated_delta_rule_update,
-                   "kda_varlen": kda_varlen, "kda_update": kda_update, "kda_update_spec": kda_update_spec},
+              ops={k: interpreted("fla.", f) if interpreting() else f for k, f in _OPS.items()},
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32", unavailable=_unavailable,
               description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA (prefill, decode; "

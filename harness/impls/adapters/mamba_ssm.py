@@ -1,6 +1,7 @@
 """Adapters for mamba_ssm 2.3.x kernels.
 
-Impl `mamba_ssm` (its Triton ops, importable from source with a placeholder `selective_scan_cuda`):
+Impl `mamba_ssm` (its Triton ops, importable from source with a placeholder `selective_scan_cuda`; on the CPU
+under Triton's interpreter too, fp32, through `_interpret.interpreted`):
 * selective_state_update <- mamba_ssm.ops.triton.selective_state_update.selective_state_update.
   Mamba-2 layout: A, dt, dt_bias, D are broadcast over P with stride-0 views (its "tie_hdim" path).
   Not supported by 2.3.2: dt_limit other than (0, inf) (no clamp; raises NotImplementedError);
@@ -30,8 +31,10 @@ import torch
 
 from harness import ops as C
 from harness.impls.adapters import host_slots, import_peer, unavailable_reason, zero_pad_tokens
+from harness.impls.adapters._interpret import interpreted
 from harness.impls.adapters._source import PeerSdist
 from harness.impls.registry import Impl, register
+from harness.impls.triton._common import has_gpu, interpreting
 
 # the source archive scripts/peers_fetch.py downloads; scripts/gpu.sh builds its CUDA extensions
 SOURCE = PeerSdist("mamba-ssm==2.3.2.post1")
@@ -181,12 +184,20 @@ def _cuda_scan_unavailable():
     return None
 
 
-register(Impl(name="mamba_ssm", reads_host=True,
-              devices=("cuda",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+def _triton_unavailable():
+    if not (interpreting() or has_gpu()):
+        return ("mamba_ssm's Triton kernels need a CUDA device, or TRITON_INTERPRET=1 to run on CPU through "
+                "Triton's interpreter (pytest --device cpu sets it)")
+    return unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM, _LN)
+
+
+_TRITON_OPS = {"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
+               "gated_rms_norm": gated_rms_norm, "add_rms_norm": add_rms_norm}
+register(Impl(name="mamba_ssm", reads_host=True, devices=("cuda", "cpu"),
+              dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32",  # the chunked SSD's tl.dot runs fp32 inputs in TF32
-              ops={"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
-                   "gated_rms_norm": gated_rms_norm, "add_rms_norm": add_rms_norm},
-              unavailable=lambda: unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM, _LN),
+              ops={k: interpreted("mamba_ssm.", f) if interpreting() else f for k, f in _TRITON_OPS.items()},
+              unavailable=_triton_unavailable,
               description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm, fused "
                           "residual add + RMSNorm)"))
 register(Impl(name="mamba_ssm_cuda", reads_host=True,
