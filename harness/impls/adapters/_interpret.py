@@ -12,7 +12,9 @@ GPU path does not. `interpretable(prefix)` applies both shims below to every loa
 `cpu_device_guards()` makes `torch.cuda.device(None)` (or of a CPU device) a no-op while a peer op runs: mamba_ssm
 launches its kernels inside `with torch.cuda.device(x.device.index)`, and a CPU tensor's index is None, which
 torch's rejects.
-`interpreted(prefix, fn)` wraps a peer op in both (the shims applied at its first call).
+`interpreted(prefix, fn)` wraps a peer op in both (the shims applied at each call, to the modules loaded by then:
+a kernel module the peer imports only inside the op would run unpatched in that first call; fla's and mamba_ssm's
+entry modules, which the adapters import to decide availability, import their kernel modules at the top).
 
 Nothing here changes what the kernels compute; on a GPU none of it is applied.
 """
