@@ -15,6 +15,8 @@ torch's rejects.
 `interpreted(prefix, fn)` wraps a peer op in both (the shims applied at each call, to the modules loaded by then:
 a kernel module the peer imports only inside the op would run unpatched in that first call; fla's and mamba_ssm's
 entry modules, which the adapters import to decide availability, import their kernel modules at the top).
+`unavailable_here(kernels, package, *modules)` is the availability check of a peer whose Triton kernels run on a
+CUDA device or under the interpreter (vLLM's, fla-core's, mamba_ssm's).
 
 Nothing here changes what the kernels compute; on a GPU none of it is applied.
 """
@@ -99,3 +101,14 @@ def interpreted(prefix: str, fn):
         setattr(call, attr, getattr(fn, attr, None))
     call.__signature__ = inspect.signature(fn)
     return call
+
+
+def unavailable_here(kernels: str, package: str, *modules: str) -> str | None:
+    """Why a peer's Triton kernels (`kernels`, e.g. "fla-core's") cannot run here, None when they can: they need
+    a CUDA device or Triton's interpreter, and `modules` importable (`package` names what to install)."""
+    from harness.impls.adapters import unavailable_reason
+    from harness.impls.triton._common import has_gpu, interpreting
+    if not (interpreting() or has_gpu()):
+        return (f"{kernels} Triton kernels need a CUDA device, or TRITON_INTERPRET=1 to run on CPU through "
+                "Triton's interpreter (pytest --device cpu sets it)")
+    return unavailable_reason(package, *modules)

@@ -37,11 +37,11 @@ import torch
 from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, mask_rows,
-                                    require_kda_gate_floor, scatter_slots, unavailable_reason)
-from harness.impls.adapters._interpret import interpreted
+                                    require_kda_gate_floor, scatter_slots)
+from harness.impls.adapters._interpret import interpreted, unavailable_here
 from harness.impls.adapters._source import PeerWheels
 from harness.impls.registry import Impl, register
-from harness.impls.triton._common import has_gpu, interpreting
+from harness.impls.triton._common import interpreting
 
 # the wheels scripts/peers_fetch.py downloads into .peers/ (scripts/peers_setup.sh installs them)
 SOURCE = PeerWheels(("fla-core==0.6.0", "einops==0.8.2"))
@@ -175,18 +175,11 @@ def kda_update_spec(q, k, v, g, beta, ssm_states, query_start_loc, state_indices
     return y
 
 
-def _unavailable():
-    if not (interpreting() or has_gpu()):
-        return ("fla-core's Triton kernels need a CUDA device, or TRITON_INTERPRET=1 to run on CPU through "
-                "Triton's interpreter (pytest --device cpu sets it)")
-    return unavailable_reason("fla-core", _GDN, _KDA, _KDA_REC)
-
-
 _OPS = {"gated_delta_rule_varlen": gated_delta_rule_varlen, "gated_delta_rule_update": gated_delta_rule_update,
         "kda_varlen": kda_varlen, "kda_update": kda_update, "kda_update_spec": kda_update_spec}
 register(Impl(name="fla", reads_host=True, devices=("cuda", "cpu"),
               ops={k: interpreted("fla.", f) if interpreting() else f for k, f in _OPS.items()},
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
-              fp32_matmul="tf32", unavailable=_unavailable,
+              fp32_matmul="tf32", unavailable=lambda: unavailable_here("fla-core's", "fla-core", _GDN, _KDA, _KDA_REC),
               description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA (prefill, decode; "
                           "KDA's speculative decode)"))

@@ -31,10 +31,10 @@ import torch
 
 from harness import ops as C
 from harness.impls.adapters import host_slots, import_peer, unavailable_reason, zero_pad_tokens
-from harness.impls.adapters._interpret import interpreted
+from harness.impls.adapters._interpret import interpreted, unavailable_here
 from harness.impls.adapters._source import PeerSdist
 from harness.impls.registry import Impl, register
-from harness.impls.triton._common import has_gpu, interpreting
+from harness.impls.triton._common import interpreting
 
 # the source archive scripts/peers_fetch.py downloads; scripts/gpu.sh builds its CUDA extensions
 SOURCE = PeerSdist("mamba-ssm==2.3.2.post1")
@@ -184,20 +184,13 @@ def _cuda_scan_unavailable():
     return None
 
 
-def _triton_unavailable():
-    if not (interpreting() or has_gpu()):
-        return ("mamba_ssm's Triton kernels need a CUDA device, or TRITON_INTERPRET=1 to run on CPU through "
-                "Triton's interpreter (pytest --device cpu sets it)")
-    return unavailable_reason("mamba_ssm", _SSU, _SSD, _NORM, _LN)
-
-
 _TRITON_OPS = {"selective_state_update": selective_state_update, "ssd_varlen": ssd_varlen,
                "gated_rms_norm": gated_rms_norm, "add_rms_norm": add_rms_norm}
 register(Impl(name="mamba_ssm", reads_host=True, devices=("cuda", "cpu"),
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
               fp32_matmul="tf32",  # the chunked SSD's tl.dot runs fp32 inputs in TF32
               ops={k: interpreted("mamba_ssm.", f) if interpreting() else f for k, f in _TRITON_OPS.items()},
-              unavailable=_triton_unavailable,
+              unavailable=lambda: unavailable_here("mamba_ssm's", "mamba_ssm", _SSU, _SSD, _NORM, _LN),
               description="mamba_ssm 2.3.x Triton kernels (state update, chunked SSD, gated RMSNorm, fused "
                           "residual add + RMSNorm)"))
 register(Impl(name="mamba_ssm_cuda", reads_host=True,

@@ -101,12 +101,13 @@ import torch
 from harness import ops as C
 from harness.impls.adapters import _spec_decode as SD
 from harness.impls.adapters import (gather_slots, host_reads_ok, host_slots, import_peer, no_live_rows,
-                                    unavailable_reason, zero_pad_tokens)
+                                    zero_pad_tokens)
+from harness.impls.adapters._interpret import unavailable_here
 from harness.impls.adapters._source import PeerSource
 from harness.impls.adapters._vllm_stubs import STUBS
 from harness.impls.adapters.fla import _gather, _scatter, _varlen, validate_kda_chunk
 from harness.impls.registry import Impl, register
-from harness.impls.triton._common import has_gpu, interpreting
+from harness.impls.triton._common import interpreting
 
 _MAMBA = "vllm/model_executor/layers/mamba/ops/"
 _FLA = "vllm/third_party/flash_linear_attention/ops/"
@@ -593,10 +594,8 @@ OPS = {"causal_conv1d_varlen": causal_conv1d_varlen, "causal_conv1d_update": cau
 
 
 def _unavailable():
-    if not (interpreting() or has_gpu()):
-        return ("vLLM's Triton kernels need a CUDA device, or TRITON_INTERPRET=1 to run on CPU through "
-                "Triton's interpreter (pytest --device cpu sets it)")
-    return unavailable_reason("vllm (or its extracted kernels: python scripts/peers_fetch.py vllm)", *_MODULES)
+    return unavailable_here("vLLM's", "vllm (or its extracted kernels: python scripts/peers_fetch.py vllm)",
+                            *_MODULES)
 
 
 register(Impl(name="vllm", reads_host=True, devices=("cuda", "cpu"),
