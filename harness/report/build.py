@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from harness.gate import GATING_KINDS, GateConfig, comparison_group, comparison_key, fmt_key, gate_runs, timing_key
 from harness.report.runs import Run, num, shape_key
 from harness.report.svg import LineChart, impl_color
+from harness.testing.resume import CAPPED_WHY
 
 LENGTH_KEYS = ("T", "L", "seqlen", "tokens", "prefill")
 SHORT_DTYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
@@ -628,9 +629,8 @@ def skipped(runs: list[Run]) -> list[dict]:
                         why = (str(o.get("why") or "").strip().splitlines() or ["(no reason given)"])[0]
                         why = why.removeprefix("Skipped: ")
                         reasons[why].append(o.get("nodeid", "?"))
-                    elif o.get("outcome") == "passed" and str(o.get("why") or "").startswith("--generate-seconds"):
-                        note = str(o["why"]).removeprefix("--generate-seconds: ")
-                        capped.append(f"{o.get('nodeid', '?')} ({note})")
+                    elif o.get("outcome") == "passed" and str(o.get("why") or "").startswith(CAPPED_WHY):
+                        capped.append(f"{o.get('nodeid', '?')} ({str(o['why']).removeprefix(CAPPED_WHY)})")
         if reasons or capped:
             groups = [{"reason": why, "n": len(ids), "tests": sorted(ids)}
                       for why, ids in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0]))]

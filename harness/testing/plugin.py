@@ -102,16 +102,19 @@ def pytest_addoption(parser):
                      "and lost CUDA contexts run again)")
 
 
+def _check_seconds(option: str, seconds: float) -> None:
+    import math
+    if not math.isfinite(seconds) or seconds < 0:
+        raise pytest.UsageError(f"{option}: expected a finite number of seconds >= 0, got {seconds}")
+
+
 def _cap_shrinking(seconds) -> None:
     """--shrink-seconds: hypothesis' limit on the time it shrinks a failing example (its engine's
     MAX_SHRINKING_SECONDS, read when shrinking starts)."""
     if seconds is None:
         return
-    import math
-
     from hypothesis.internal.conjecture import engine
-    if not math.isfinite(seconds) or seconds < 0:
-        raise pytest.UsageError(f"--shrink-seconds: expected a finite number of seconds >= 0, got {seconds}")
+    _check_seconds("--shrink-seconds", seconds)
     if not isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), (int, float)):
         import hypothesis
         raise pytest.UsageError(f"--shrink-seconds: expected hypothesis' engine to have MAX_SHRINKING_SECONDS, got "
@@ -129,11 +132,8 @@ def _cap_generation(seconds) -> None:
     examples run, of how many, and the seconds), which the --outcomes line reports."""
     if seconds is None:
         return
-    import math
-
     from hypothesis.internal.conjecture import engine
-    if not math.isfinite(seconds) or seconds < 0:
-        raise pytest.UsageError(f"--generate-seconds: expected a finite number of seconds >= 0, got {seconds}")
+    _check_seconds("--generate-seconds", seconds)
     runner = getattr(engine, "ConjectureRunner", None)
     more = getattr(runner, "should_generate_more", None)
     if more is None:
@@ -306,7 +306,8 @@ def _outcome_line(report) -> dict | None:
     else:
         caps = [v for k, v in getattr(report, "user_properties", ()) or () if k == _CAPPED]
         if caps:  # the cap ended the drawing (every hypothesis run of the test: parametrised once, one run)
-            why = "; ".join(f"--generate-seconds: {c['examples']} of {c['of']} examples drawn in {c['seconds']} s"
+            from harness.testing.resume import CAPPED_WHY
+            why = "; ".join(f"{CAPPED_WHY}{c['examples']} of {c['of']} examples drawn in {c['seconds']} s"
                             for c in caps)
     line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
             "seconds": round(report.duration, 3), "why": why,

@@ -23,6 +23,8 @@ import time
 
 SLOW_S = 30.0  # a recorded time from which a test is started first on a resume
 CUT_WHY = "still running when the run was cut"
+# how a passed test's outcome line starts when `pytest --generate-seconds` ended its drawing (the report lists them)
+CAPPED_WHY = "--generate-seconds: "
 
 
 def record_cut(outcomes: str, now: float | None = None) -> list[str]:
