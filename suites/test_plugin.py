@@ -102,7 +102,6 @@ def test_outside_impl_by_module_object(tmp_path):
 def test_outcomes_name_each_test_as_it_finishes(tmp_path):
     """--outcomes writes one line per finished test from the xdist controller: passes, a failure with its
     error line and a skip with its reason; a test killed mid-run leaves the lines of those before it."""
-    import json
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_o.py").write_text(textwrap.dedent("""
         import pytest
@@ -131,7 +130,6 @@ def test_outcomes_running_file_names_the_tests_a_killed_run_was_in(tmp_path, wor
     """Beside --outcomes, PATH.running holds the tests running at the moment ({node id: start time}): a run
     killed while a test hangs leaves it naming that test (and not the finished ones); a run that ends
     removes it."""
-    import json
     import signal
     import time
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
@@ -171,7 +169,6 @@ def test_outcomes_name_the_error_of_an_exception_group(tmp_path, names):
     """A hypothesis test with several distinct failures reports an exception group: its --outcomes line
     names the first member's error, not the group's frame or margin, also when the members' classes are
     not named ...Error (triton raises `OutOfResources`)."""
-    import json
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_g.py").write_text(textwrap.dedent(f"""
         from hypothesis import given, settings, strategies as st
@@ -210,7 +207,6 @@ def test_a_lost_cuda_context_ends_the_process_not_the_tests_after_it(tmp_path, w
     """After a test that leaves the CUDA context unusable, its outcome says so and its process ends: under
     xdist a fresh worker runs the tests left (at most the one scheduled next on the lost worker is reported
     as crashed); without xdist the run stops and says how to go on."""
-    import json
     (tmp_path / "conftest.py").write_text(_LOSES_CONTEXT)
     (tmp_path / "test_f.py").write_text(textwrap.dedent("""
         import os
@@ -252,7 +248,6 @@ def test_a_lost_cuda_context_ends_the_process_not_the_tests_after_it(tmp_path, w
 def test_resume_runs_what_a_cut_run_left(tmp_path):
     """--resume OUTCOMES deselects the tests an earlier run recorded as passed or skipped: the failed test and
     the ones it never reached run again; a missing file is a usage error."""
-    import json
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_r.py").write_text(textwrap.dedent("""
         import pytest
@@ -300,8 +295,6 @@ def test_resume_order_starts_slow_tests_first_one_per_worker():
 def test_record_cut_adds_the_running_tests_as_cut(tmp_path):
     """`record_cut` turns a cut run's OUTCOMES.running into outcome lines "cut" with how long each test had
     run: not a verdict (the resume runs them again), but the durations the resume orders by."""
-    import json
-
     from harness.testing.plugin import finished_tests
     from harness.testing.resume import main, outcome_lines, record_cut, recorded_seconds
     out = tmp_path / "o.jsonl"
@@ -320,7 +313,6 @@ def test_record_cut_adds_the_running_tests_as_cut(tmp_path):
 @pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "worksteal"]])
 def test_resume_runs_the_tests_a_cut_run_was_in_first(tmp_path, workers):
     """End to end: the tests recorded as cut run first, one on each worker."""
-    import json
     (tmp_path / "conftest.py").write_text("pytest_plugins = ['harness.testing.plugin']\n")
     (tmp_path / "test_s.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(8)))
     first = tmp_path / "first.jsonl"
@@ -344,8 +336,6 @@ def test_resume_runs_the_tests_a_cut_run_was_in_first(tmp_path, workers):
 def test_resume_failed_skip_keeps_verdicts_and_reruns_errors(tmp_path):
     """--resume-failed skip: a test whose last recorded failure is an assertion is not run again; one that
     failed on an error, or with a lost CUDA context, runs again, as does every test without --resume-failed."""
-    import json
-
     from harness.testing.plugin import finished_tests
     lines = [("test_verdict", "E   AssertionError: y: error ratio 1e-01 exceeds 0.005"),
              ("test_mismatch", "E   harness.scenarios.Mismatch: pad rows of y must be zero"),
@@ -440,7 +430,6 @@ def test_an_op_call_is_noted_before_the_op_runs():
     """`read_only_inputs` notes the call as the process's last op call before the implementation runs: a
     call that faults leaves its description (shapes, dtypes, strides, the values of small index tensors, the
     case the suite noted), JSON-serialisable."""
-    import json
     from harness.testing.optest import last_call, note_case, read_only_inputs
     q = torch.zeros(70, 2, 8)
     qsl = torch.tensor([0, 3, 70], dtype=torch.int32)
@@ -483,7 +472,6 @@ def test_outcome_of_a_lost_context_names_the_last_op_call():
     """The --outcomes line of a test that lost the CUDA context carries the last op call (`last_call`) and
     says in `why` which op, by which function, on what it was called; a failure without the lost context
     carries neither."""
-    import json
     import types
     from harness.testing import plugin
     from harness.testing.lastcall import describe_call, last_call, note_call, note_case
