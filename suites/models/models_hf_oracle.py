@@ -35,29 +35,52 @@ HF_MODELING = ("transformers.models.mamba.modeling_mamba", "transformers.models.
 
 
 def _hf_module_functions():
-    """(module, attribute, function) for every module-level function of the transformers modules of HF_MODELING."""
+    """(module, attribute, callable) for every module-level function of the transformers modules of HF_MODELING,
+    and every module-level object that runs a function in their place (`_runs_function`)."""
     import importlib
     import inspect
     for name in HF_MODELING:
         mod = importlib.import_module(name)
         for attr, f in list(vars(mod).items()):
-            if inspect.isfunction(f):
+            if inspect.isfunction(f) or _runs_function(f) is not None:
                 yield mod, attr, f
+
+
+def _runs_function(obj):
+    """The function a module-level object calls in place of a function, or None: with the `kernels` package
+    installed (a dependency of transformers from 5.25), `use_kernel_func_from_hub_with_fallback` turns the
+    decorated function into an instance of a torch.nn.Module class whose forward calls the wrapper of the
+    function (the class is built around it: the wrapper is the function its forward closes over)."""
+    import inspect
+    forward = getattr(type(obj), "forward", None) if isinstance(obj, torch.nn.Module) else None
+    for cell in getattr(forward, "__closure__", None) or ():
+        if inspect.isfunction(cell.cell_contents):
+            return cell.cell_contents
+    return None
+
+
+def _torch_function(f):
+    """The function the module-level callable f ends in: the innermost of its `__wrapped__` chain, through the
+    function a `kernels` module object runs (`_runs_function`)."""
+    import inspect
+    return inspect.unwrap(_runs_function(f) or f)
 
 
 def hf_torch_path_only() -> list[str]:
     """Make transformers' HF_MODELING modules (Mamba, the delta-rule mixers) use their own torch code; return
     the functions that were swapped.
 
-    transformers 5.x binds mamba_ssm's and causal-conv1d's kernels in place of its torch functions at
-    import time when those packages import (`use_kernel_func_from_hub_with_fallback`). On the GPU box,
-    where the peers are importable for their adapters, the CPU oracle then called CUDA kernels on CPU
-    tensors ("Expected x.is_cuda() to be true") in every mixer and model oracle test. The oracle must be
-    transformers' torch code, so each such module-level wrapper is replaced by the torch function it wraps."""
+    transformers 5.x binds mamba_ssm's, causal-conv1d's and flash-linear-attention's kernels in place of its
+    torch functions at import time when those packages import (`use_kernel_func_from_hub_with_fallback`); from
+    5.25, with the `kernels` package installed, the module attribute is then an nn.Module object that calls the
+    wrapper. On the GPU box, where the peers are importable for their adapters, the CPU oracle then called CUDA
+    kernels on CPU tensors ("Expected x.is_cuda() to be true") in every mixer and model oracle test. The oracle
+    must be transformers' torch code, so each such module-level wrapper is replaced by the torch function it
+    wraps (the forwards call these functions by their module-level names)."""
     import inspect
     swapped = []
     for mod, attr, f in _hf_module_functions():
-        inner = inspect.unwrap(f)
+        inner = _torch_function(f)
         if inner is not f and inspect.isfunction(inner) and inner.__module__ == mod.__name__:
             setattr(mod, attr, inner)
             swapped.append(f"{mod.__name__.rsplit('.', 1)[-1]}.{attr}")
@@ -65,11 +88,17 @@ def hf_torch_path_only() -> list[str]:
 
 
 def hf_foreign_functions() -> list[str]:
-    """Module-level functions of transformers' HF_MODELING modules that claim to be theirs but run other code:
-    a kernel wrapper left in place (it may call a peer's kernel). Empty once `hf_torch_path_only` ran."""
-    return [f"{mod.__name__.rsplit('.', 1)[-1]}.{attr} (code in {f.__code__.co_filename})"
-            for mod, attr, f in _hf_module_functions()
-            if f.__module__ == mod.__name__ and f.__code__.co_filename != mod.__file__]
+    """Module-level callables of transformers' HF_MODELING modules that stand for a function of theirs but run
+    other code: a kernel wrapper left in place, as a function or as a `kernels` module object (it may call a
+    peer's kernel). Empty once `hf_torch_path_only` ran."""
+    out = []
+    for mod, attr, f in _hf_module_functions():
+        code = getattr(f, "__code__", None)
+        if code is None:  # an object that runs a function
+            out.append(f"{mod.__name__.rsplit('.', 1)[-1]}.{attr} ({type(f).__qualname__} object)")
+        elif f.__module__ == mod.__name__ and code.co_filename != mod.__file__:
+            out.append(f"{mod.__name__.rsplit('.', 1)[-1]}.{attr} (code in {code.co_filename})")
+    return out
 
 
 hf_torch_path_only()

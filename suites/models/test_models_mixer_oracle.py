@@ -166,7 +166,9 @@ def test_models_oracle_is_transformers_torch_code():
 def test_models_oracle_ignores_importable_peer_kernels(tmp_path):
     """Regression (H200 box, transformers 5.17, mamba_ssm and causal-conv1d importable for their adapters):
     transformers bound the peers' CUDA kernels at import time and the CPU oracle failed with "Expected
-    x.is_cuda() to be true". With fake peer packages whose kernels raise, the oracle mixers still run."""
+    x.is_cuda() to be true". With fake peer packages whose kernels raise (fla's delta-rule kernels too), no
+    wrapper is left in transformers' modules (functions, or the `kernels` package's module objects) and the
+    oracle mixers still run."""
     import os
     import subprocess
     import sys
@@ -179,11 +181,21 @@ def test_models_oracle_ignores_importable_peer_kernels(tmp_path):
             causal_conv1d_fn = causal_conv1d_update = selective_scan_fn = mamba_inner_fn = _cuda_only
             selective_state_update = mamba_chunk_scan_combined = mamba_split_conv1d_scan_combined = _cuda_only
         """))
+    # flash-linear-attention's delta-rule kernels, where transformers looks for them (fla.ops.<op family>)
+    for sub, names in (("gated_delta_rule", "chunk_gated_delta_rule = fused_recurrent_gated_delta_rule"),
+                       ("kda", "chunk_kda = fused_recurrent_kda")):
+        (tmp_path / "fla" / "ops" / sub).mkdir(parents=True)
+        for d in ("fla", "fla/ops"):
+            (tmp_path / d / "__init__.py").write_text("")
+        (tmp_path / "fla" / "ops" / sub / "__init__.py").write_text(
+            "def _cuda_only(*a, **k):\n    raise RuntimeError('a CUDA kernel')\n" + f"{names} = _cuda_only\n")
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     script = textwrap.dedent("""
         import torch, transformers.models.mamba.modeling_mamba as mm
-        assert mm.causal_conv1d_fn.__code__.co_filename != mm.__file__, "precondition: the fake peer is bound"
+        # a wrapper function from elsewhere, or (transformers >= 5.25 with `kernels`) an nn.Module object
+        f = mm.causal_conv1d_fn
+        assert not hasattr(f, "__code__") or f.__code__.co_filename != mm.__file__, "precondition: the fake is bound"
         from models_hf_oracle import Dims, hf_mixer, hf_mixer_call, hf_foreign_functions
         from transformers.cache_utils import DynamicCache
         assert hf_foreign_functions() == [], hf_foreign_functions()
