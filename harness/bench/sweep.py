@@ -130,14 +130,18 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                                                    {"outputs": "scan", "bv": 16}]),
         # the per-sequence state recurrence (either pipeline): value rows per program (programs at batch 1:
         # Hv * V / bv), warps, stages
-        # (16 rows at 4 warps first: the fewest registers); then the update's decays on the rows of v' with k
-        # loaded in the recurrence (update_keys "rows": no kg scratch in the parallel pipeline)
-        SweepGroup("scan", "delta_rule_chunk", _rows(("bv", "scan_warps", "scan_stages"), [
-            (16, 4, 2), (16, 4, 1), (32, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2),
-            (16, 4, 3), (64, 8, 2), (64, 8, 3), (16, 1, 2), (16, 2, 3)])
+        # First the layouts of fla-core's recurrence, the fastest measured beside ours: the update's decays on
+        # the rows of v' with k loaded in the recurrence (update_keys "rows": no kg scratch written by the
+        # per-chunk launch and read back), 32 or 64 value rows over 2 or 4 warps, 2 or 3 stages; then the
+        # stored keys from the fewest registers (16 rows at 4 warps) up.
+        SweepGroup("scan", "delta_rule_chunk", _first(_rows(("update_keys", "bv", "scan_warps", "scan_stages"), [
+            ("rows", 64, 4, 2), ("rows", 32, 4, 2), ("rows", 64, 2, 2), ("rows", 64, 4, 3), ("rows", 32, 2, 2),
+            ("rows", 32, 4, 3)]) + _rows(("bv", "scan_warps", "scan_stages"), [(64, 4, 2), (64, 4, 3), (16, 4, 2)]),
+            _rows(("bv", "scan_warps", "scan_stages"), [
+                (16, 4, 2), (16, 4, 1), (32, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2),
+                (16, 4, 3), (64, 8, 2), (64, 8, 3), (16, 1, 2), (16, 2, 3)])
             + _rows(("update_keys", "bv", "scan_warps", "scan_stages"), [
-                ("rows", 32, 4, 2), ("rows", 64, 4, 2), ("rows", 32, 8, 2), ("rows", 64, 8, 2), ("rows", 32, 4, 3),
-                ("rows", 64, 8, 3), ("rows", 16, 4, 2)])),
+                ("rows", 32, 8, 2), ("rows", 64, 8, 2), ("rows", 64, 8, 3), ("rows", 16, 4, 2)]))),
         # the parallel output launch (chunks x value heads x value blocks of out_bv rows): no effect on "scan"
         # (first a program per key head over its value heads, q k^T formed once for them: at the whole value
         # width over 8 warps once per chunk and key head (212 registers offline, no spill); then key blocks of

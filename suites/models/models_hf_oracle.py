@@ -112,8 +112,13 @@ def hf_mamba2_norm_is_grouped() -> bool:
     """True when transformers' Mamba-2 gated RMSNorm normalizes per group of n_groups, as mamba_ssm does
     (and as the checkpoints were trained); older transformers releases normalize over all channels."""
     import inspect
-    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
-    return "group_size" in inspect.signature(MambaRMSNormGated.__init__).parameters
+    return "group_size" in inspect.signature(hf_mamba2_gated_norm().__init__).parameters
+
+
+def hf_mamba2_gated_norm():
+    """transformers' Mamba-2 gated RMSNorm class: MambaRMSNormGated up to 5.24, Mamba2RMSNormGated from 5.25."""
+    from transformers.models.mamba2 import modeling_mamba2 as m
+    return getattr(m, "MambaRMSNormGated", None) or m.Mamba2RMSNormGated
 
 
 def mamba2_group_choices(heads: int, choices=(1, 2, 4)) -> list:

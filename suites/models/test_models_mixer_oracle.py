@@ -17,8 +17,8 @@ from harness.testing.checks import Tolerance, compare, tolerance_for
 from reference.loader import detect_config
 from reference.mixers import make_mixer, reference_ops
 
-from models_hf_oracle import (HF_UNGROUPED_NORM, Dims, hf_mamba2_norm_is_grouped, hf_mixer, hf_mixer_call,
-                              mamba2_group_choices, spread, widened)
+from models_hf_oracle import (HF_UNGROUPED_NORM, Dims, hf_mamba2_gated_norm, hf_mamba2_norm_is_grouped, hf_mixer,
+                              hf_mixer_call, mamba2_group_choices, spread, widened)
 
 # transformers' "float64" mixers still run some pieces in float32 (D.float(), the gated RMSNorm and
 # Falcon's B/C/dt norms upcast to float32 only), so an fp64 comparison can only be this tight:
@@ -146,8 +146,7 @@ def test_models_hf_mamba2_norm_is_grouped():
     per group. Where it does not, the oracle suites draw n_groups = 1 only, and this test says so."""
     if not hf_mamba2_norm_is_grouped():
         pytest.skip(HF_UNGROUPED_NORM)
-    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
-    norm = MambaRMSNormGated(8, group_size=4).double()
+    norm = hf_mamba2_gated_norm()(8, group_size=4).double()
     x = torch.randn(3, 8, dtype=torch.float64)
     x[:, 4:] *= 100.0  # groups of very different scale: a whole-row norm mixes them
     y = norm(x, torch.zeros_like(x) + 30.0)  # gate = silu(30) ~ 1 (the norm computes in float32)
