@@ -538,6 +538,20 @@ def test_generate_seconds_caps_drawing_and_says_so(tmp_path):
         r.stdout + r.stderr
 
 
+def test_generate_seconds_reads_either_hypothesis_naming():
+    """Regression (H100 box, hypothesis 6.170): the engine counts `valid_test_cases` and `interesting_test_cases`
+    where 6.15x counted `valid_examples` and `interesting_examples`; the cap read the old names only and every
+    property test it ran failed with AttributeError. Either naming is read; neither is a clear error."""
+    from types import SimpleNamespace
+    from harness.testing.plugin import _runner_count
+    old = SimpleNamespace(valid_examples=3, interesting_examples={})
+    new = SimpleNamespace(valid_test_cases=4, interesting_test_cases={"origin": 1})
+    assert (_runner_count(old, "valid"), _runner_count(old, "interesting")) == (3, {})
+    assert (_runner_count(new, "valid"), _runner_count(new, "interesting")) == (4, {"origin": 1})
+    with pytest.raises(AttributeError, match="valid_examples or valid_test_cases"):
+        _runner_count(SimpleNamespace(), "valid")
+
+
 def test_shrink_seconds_caps_hypothesis_shrinking(tmp_path):
     """--shrink-seconds S sets the limit hypothesis shrinks a failing example for (a failing test on a GPU run
     spent up to 300 s shrinking), on pytest-xdist's workers too; an infinite S is a usage error."""

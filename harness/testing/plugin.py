@@ -148,15 +148,27 @@ def _cap_generation(seconds) -> None:
             return False
         began = self.__dict__.setdefault("_harness_began", time.monotonic())
         spent = time.monotonic() - began
-        if self.interesting_examples or self.valid_examples < 1 or spent < seconds:
+        valid = _runner_count(self, "valid")
+        if _runner_count(self, "interesting") or valid < 1 or spent < seconds:
             return True
         item = _STATE.get("item")
         if item is not None:
-            item.user_properties.append((_CAPPED, {"examples": self.valid_examples,
+            item.user_properties.append((_CAPPED, {"examples": valid,
                                                    "of": self.settings.max_examples, "seconds": round(spent, 1)}))
         return False
     should_generate_more.__wrapped__, should_generate_more._capped_at = more, seconds
     runner.should_generate_more = should_generate_more
+
+
+def _runner_count(runner, kind: str):
+    """The engine's valid examples so far (kind "valid": a number) or failures found ("interesting": a dict):
+    `valid_examples` / `interesting_examples` up to hypothesis 6.15x, `valid_test_cases` /
+    `interesting_test_cases` in later releases."""
+    for name in (f"{kind}_examples", f"{kind}_test_cases"):
+        if hasattr(runner, name):
+            return getattr(runner, name)
+    raise AttributeError(f"--generate-seconds: expected hypothesis' ConjectureRunner to count {kind}_examples or "
+                         f"{kind}_test_cases, got neither")
 
 
 @pytest.hookimpl(wrapper=True)
