@@ -27,10 +27,19 @@ outputs are zeroed by a mask, with no host read of the indices, so a decode call
 can be captured in a CUDA graph (outside `harness.ops.no_index_checks()` a batch without live rows launches
 nothing). The prefill reads the sequence lengths on the host. Every op validates with harness.ops first, so
 bad input fails as for our kernels.
+
+fp32 inputs: fla multiplies them in TF32 on GPUs that have it, and the suites judge it at TF32's precision.
+`HARNESS_FLA_FP32=ieee` runs its fp32 dots in IEEE fp32 instead and judges them at the fp32 tolerance, which
+tells TF32 rounding apart from a defect: Triton's default fp32 dot precision (TRITON_F32_DEFAULT), fla's
+triangular solve (FLA_TRIL_PRECISION, read when fla is imported) and its GDN per-chunk solve's merge of the
+diagonal blocks' inverses (`chunk_fwd.SOLVE_TRIL_DOT_PRECISION`, TF32 whenever the GPU has it, whatever Triton's
+default) are all set to "ieee", for the whole process (every Triton kernel compiled in it afterwards).
+`HARNESS_FLA_FP32=tf32` (the default) leaves fla as it ships.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -49,6 +58,35 @@ SOURCE = PeerWheels(("fla-core==0.6.0", "einops==0.8.2"))
 _GDN = "fla.ops.gated_delta_rule"
 _KDA = "fla.ops.kda"
 _KDA_REC = "fla.ops.kda.fused_recurrent"
+_GDN_SOLVE = "fla.ops.gated_delta_rule.chunk_fwd"
+
+FP32_ENV = "HARNESS_FLA_FP32"
+FP32_MODES = ("tf32", "ieee")
+FP32 = os.environ.get(FP32_ENV, "tf32")
+if FP32 == "ieee":  # before fla is imported: its triangular solve reads FLA_TRIL_PRECISION at import
+    os.environ["FLA_TRIL_PRECISION"] = "ieee"
+    os.environ["TRITON_F32_DEFAULT"] = "ieee"
+
+
+def fp32_mode_problem() -> str | None:
+    """Why HARNESS_FLA_FP32 cannot be used (the variable, what it takes, what it holds), or None."""
+    if FP32 not in FP32_MODES:
+        return f"{FP32_ENV}: expected one of {', '.join(FP32_MODES)}, got {FP32!r}"
+    return None
+
+
+def ieee_solve(module) -> None:
+    """HARNESS_FLA_FP32=ieee: fla's GDN per-chunk solve `module` (fla.ops.gated_delta_rule.chunk_fwd) merges its
+    diagonal blocks' inverses in IEEE fp32 (it sets TF32 itself where the GPU has it). Before its kernel
+    compiles: called at every GDN prefill, it changes nothing after the first."""
+    import triton.language as tl
+    if FP32 == "ieee" and str(getattr(module, "SOLVE_TRIL_DOT_PRECISION", "ieee")) != str(tl.constexpr("ieee")):
+        module.SOLVE_TRIL_DOT_PRECISION = tl.constexpr("ieee")
+
+
+def _chunk_gdn(*a, **kw):
+    ieee_solve(import_peer(_GDN_SOLVE))
+    return import_peer(_GDN).chunk_gated_delta_rule(*a, **kw)
 
 
 def _gather(pool, slots, use):
@@ -110,7 +148,7 @@ def _update(fn, validate, q, k, v, g, beta, ssm_states, state_indices, scale, us
 
 def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *,
                             scale=None, use_qk_l2norm=False, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    return _varlen(lambda *a, **kw: import_peer(_GDN).chunk_gated_delta_rule(*a, **kw),
+    return _varlen(_chunk_gdn,
                    C.validate_gated_delta_rule_varlen, q, k, v, g, beta, ssm_states, query_start_loc,
                    cache_indices, has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
 
@@ -180,6 +218,8 @@ _OPS = {"gated_delta_rule_varlen": gated_delta_rule_varlen, "gated_delta_rule_up
 register(Impl(name="fla", reads_host=True, devices=("cuda", "cpu"),
               ops={k: interpreted("fla.", f) if interpreting() else f for k, f in _OPS.items()},
               dtypes=(torch.float32,) if interpreting() else (torch.float32, torch.float16, torch.bfloat16),
-              fp32_matmul="tf32", unavailable=lambda: unavailable_here("fla-core's", "fla-core", _GDN, _KDA, _KDA_REC),
+              fp32_matmul="ieee" if FP32 == "ieee" else "tf32",
+              unavailable=lambda: fp32_mode_problem() or unavailable_here("fla-core's", "fla-core", _GDN, _KDA,
+                                                                          _KDA_REC),
               description="flash-linear-attention (fla-core) Triton kernels: GDN and KDA (prefill, decode; "
                           "KDA's speculative decode)"))
