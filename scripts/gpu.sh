@@ -198,6 +198,28 @@ os.replace(path + ".tmp", path)
 PY
 }
 
+# preflight: the pytest options the test steps pass (--generate-seconds, --shrink-seconds, --outcomes) work with
+# this machine's pytest and hypothesis, on a throwaway property test (a few seconds, on the CPU). A GPU machine's
+# newer hypothesis once renamed the engine counts the generation cap reads, and every capped test failed; this
+# stops the run before any step starts or any file is removed.
+preflight() {
+  local d rc; d=$(mktemp -d)
+  printf "pytest_plugins = ['harness.testing.plugin']\n" > "$d/conftest.py"
+  printf '%s\n' "import time" "from hypothesis import given, settings, strategies as st" \
+    "@settings(max_examples=50, database=None)" "@given(st.integers())" "def test_drawn(x):" \
+    "    time.sleep(0.05)" > "$d/test_preflight.py"
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -p no:cacheprovider -p no:randomly \
+    --device cpu --generate-seconds 0.2 --shrink-seconds 1 --outcomes "$d/o.jsonl" "$d/test_preflight.py" \
+    > "$d/log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] || ! grep -q '"why": "--generate-seconds: ' "$d/o.jsonl" 2>/dev/null; then
+    echo "gpu.sh: preflight: expected a property test capped by --generate-seconds to pass, got exit $rc:" >&2
+    tail -5 "$d/log" >&2; rm -rf "$d"; return 3
+  fi
+  rm -rf "$d"
+}
+if want suites || want peers || want tp; then preflight || exit 3; fi
+
 for s in ${STEPS//,/ }; do
   case "$s" in
     suites) resumes suites || rm -f "$DIR/results.jsonl" "$DIR/outcomes.jsonl" ;;

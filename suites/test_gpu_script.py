@@ -172,3 +172,25 @@ def test_the_peers_step_keeps_every_autotune_result():
         return fn[:fn.index("\n}\n")]
     assert "env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in body("step_peers")
     assert "TRITON_CACHE_AUTOTUNING" not in body("step_bench")
+
+
+@pytest.mark.parametrize("addopts, ok", [("", True), ("--no-such-option", False)])
+def test_preflight_checks_the_generation_cap_before_any_step(addopts, ok):
+    """`preflight` (run before anything is removed when the suites, peers or tp step is asked for): a property
+    test capped by --generate-seconds must pass with the cap's note in its outcome line, on this machine's
+    pytest and hypothesis; otherwise gpu.sh stops with the reason (exit 3). A GPU machine's newer hypothesis
+    once made every capped test fail, which a run of hundreds of seconds found instead."""
+    import os
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    fn = src[src.index("\npreflight() {") + 1:]
+    fn = fn[:fn.index("\n}\n") + 2]
+    env = {**os.environ, "PYTEST_ADDOPTS": addopts}
+    for k in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "HARNESS_RUN_ID"):
+        env.pop(k, None)
+    r = subprocess.run(["bash", "-c", f"{fn}\npreflight"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=env)
+    if ok:
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    else:
+        assert r.returncode == 3 and "gpu.sh: preflight: expected a property test capped by --generate-seconds " \
+            "to pass, got exit 4" in r.stderr, r.stderr
