@@ -184,10 +184,10 @@ def test_models_oracle_ignores_importable_peer_kernels(tmp_path):
     for sub, names in (("gated_delta_rule", "chunk_gated_delta_rule = fused_recurrent_gated_delta_rule"),
                        ("kda", "chunk_kda = fused_recurrent_kda")):
         (tmp_path / "fla" / "ops" / sub).mkdir(parents=True)
-        for d in ("fla", "fla/ops"):
-            (tmp_path / d / "__init__.py").write_text("")
         (tmp_path / "fla" / "ops" / sub / "__init__.py").write_text(
             "def _cuda_only(*a, **k):\n    raise RuntimeError('a CUDA kernel')\n" + f"{names} = _cuda_only\n")
+    for d in ("fla", "fla/ops"):
+        (tmp_path / d / "__init__.py").write_text("")
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     script = textwrap.dedent("""
