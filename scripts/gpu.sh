@@ -9,8 +9,8 @@
 #   --logs     pytest/benchmark logs, outcome files, sweep timings, built peer extensions
 #              (default reports/runs/gpu-<time>, git-ignored)
 #   --budget   seconds for the whole run (default 3600); each step gets at most what is left
-#   --steps    comma-separated subset of: env,tp,suites,bench,throughput,peers,sweep (default all but tp and
-#              sweep, in that order)
+#   --steps    comma-separated subset of: env,tp,suites,bench,throughput,peers,ieee,sweep (default all but tp,
+#              ieee and sweep, in that order)
 #   --workers  pytest-xdist workers for the suites (default 8)
 #   --gpus     1 (default) runs the steps one after the other on the first GPU (pytest workers of the suites
 #              and peers steps take every visible GPU in turn). 2 runs two lanes at once:
@@ -19,14 +19,14 @@
 #              beside busy test workers; the tp step runs first on both GPUs. Without suites or peers to run,
 #              the sweep and bench steps use both GPUs at once (Mamba ops on GPU 0, delta-rule and
 #              speculative ops on GPU 1, each process pinned to its own quarter of the cores); with nothing
-#              to time, the suites check on GPU 0 and the peers on GPU 1, half the cores each (only one of
+#              to time, the suites check on GPU 0 and the peers (ieee) on GPU 1, half the cores each (only one of
 #              them asked for: it checks on both GPUs, pytest worker gwN on GPU N mod 2, every core).
 #   --resume   folder of an earlier run cut by its budget (its logs, or the baseline folder, which keeps the
-#              outcome files too): the suites and peers steps run only the tests its outcome files do not
+#              outcome files too): the suites, peers and ieee steps run only the tests its outcome files do not
 #              record as passed or skipped, the bench only the cases its bench.jsonl does not time (but the
 #              ops swept in this run and those in BENCH_RETIME: timed again, their old records dropped), and
 #              they add their records to the baseline folder's files instead of replacing them
-#   --fresh    with --resume: these of the suites, peers and bench steps start over instead (comma-separated;
+#   --fresh    with --resume: these of the suites, peers, ieee and bench steps start over instead (comma-separated;
 #              e.g. our suites fresh after a kernel change while the peers' suites resume)
 #
 # Environment: PEERS_RESUME_FAILED=rerun makes a resumed peers step run again the peers' tests that failed on an
@@ -54,6 +54,10 @@
 #               (and the eager decode step's profiles, Python and operators -> profile/)
 #   peers       every suite but the benchmarks' with the peers' adapters (mamba_ssm, mamba_ssm_cuda,
 #               causal_conv1d, fla, vllm, sglang: those importable)                       -> results-peers.jsonl
+#   ieee        (only when named) fla-core's tests but those of half and fp64 dtypes, with fla's fp32 dots in IEEE
+#               fp32 (HARNESS_FLA_FP32=ieee) and judged at fp32's tolerance: as shipped fla multiplies fp32
+#               in TF32 and is judged at TF32's (the peers step), which it leaves at ill-conditioned steps
+#               (docs/findings.md)                            -> results-fla-ieee.jsonl, outcomes-fla-ieee.jsonl
 #   sweep       (only when named; before the bench, which then times the winners) harness bench sweep for
 #               every op with launch-configuration candidates: the winners go to
 #               harness/impls/triton/configs/<device>/ (review, then commit them); the timings to
@@ -103,12 +107,14 @@ case "$WORKERS" in ''|*[!0-9]*) echo "gpu.sh: --workers: expected a whole number
 case "$GPUS" in 1|2) ;; *) echo "gpu.sh: --gpus: expected 1 or 2, got $GPUS" >&2; exit 2 ;; esac
 if [ -n "$RESUME" ] && [ ! -d "$RESUME" ]; then echo "gpu.sh: --resume: expected the logs folder of an earlier run, got $RESUME" >&2; exit 2; fi
 for s in ${FRESH//,/ }; do
-  case "$s" in suites|bench|peers) ;;
-    *) echo "gpu.sh: --fresh: expected a subset of suites,bench,peers, got $s" >&2; exit 2 ;; esac
+  case "$s" in suites|bench|peers|ieee) ;;
+    *) echo "gpu.sh: --fresh: expected a subset of suites,bench,peers,ieee, got $s" >&2; exit 2 ;; esac
 done
 for s in ${STEPS//,/ }; do
-  case "$s" in env|tp|suites|bench|throughput|peers|sweep) ;;
-    *) echo "gpu.sh: --steps: expected a subset of env,tp,suites,bench,throughput,peers,sweep, got $s" >&2; exit 2 ;; esac
+  case "$s" in env|tp|suites|bench|throughput|peers|ieee|sweep) ;;
+    *) echo "gpu.sh: --steps: expected a subset of env,tp,suites,bench,throughput,peers,ieee,sweep, got $s" >&2
+       exit 2 ;;
+  esac
 done
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "$NGPU" -lt 1 ]; then
@@ -126,11 +132,11 @@ T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-# resumes STEP: whether STEP continues the --resume run (one of suites, peers, bench, not named in --fresh;
+# resumes STEP: whether STEP continues the --resume run (one of suites, peers, ieee, bench, not named in --fresh;
 # the other steps always start over)
 resumes() {
   [ -n "$RESUME" ] || return 1
-  case "$1" in suites|peers|bench) ;; *) return 1 ;; esac
+  case "$1" in suites|peers|ieee|bench) ;; *) return 1 ;; esac
   case ",$FRESH," in *",$1,"*) return 1 ;; *) return 0 ;; esac
 }
 # limit CAP: the step's time limit, at most what is left of the budget less a margin for the file moves
@@ -218,12 +224,13 @@ preflight() {
   fi
   rm -rf "$d"
 }
-if want suites || want peers || want tp; then preflight || exit 3; fi
+if want suites || want peers || want ieee || want tp; then preflight || exit 3; fi
 
 for s in ${STEPS//,/ }; do
   case "$s" in
     suites) resumes suites || rm -f "$DIR/results.jsonl" "$DIR/outcomes.jsonl" ;;
     peers) resumes peers || rm -f "$DIR/results-peers.jsonl" "$DIR/outcomes-peers.jsonl" ;;
+    ieee) resumes ieee || rm -f "$DIR/results-fla-ieee.jsonl" "$DIR/outcomes-fla-ieee.jsonl" ;;
     tp) rm -f "$DIR/results-tp.jsonl" "$DIR/outcomes-tp.jsonl" ;;
     bench) resumes bench || rm -f "$DIR/bench.jsonl" ;;
     throughput) rm -rf "$DIR/throughput.jsonl" "$DIR/profile" ;;
@@ -233,7 +240,7 @@ done
 log "device $DEVICE -> $DIR (logs $LOGS, budget ${BUDGET}s, steps $STEPS, gpus $GPUS${RESUME:+, resuming $RESUME}${FRESH:+ but for $FRESH})"
 
 # The peers' CUDA extensions compile in the background while the suites run.
-if want bench || want peers || want throughput; then
+if want bench || want peers || want ieee || want throughput; then
   export MAX_JOBS=${MAX_JOBS:-8}
   (PEERS_BUILD_CUDA=1 . scripts/peers_setup.sh) >> "$LOG" 2>&1
 fi
@@ -415,6 +422,21 @@ step_peers() {
   replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
 
+step_ieee() {
+  [ "$(left)" -lt 60 ] && { log "ieee: skipped (budget spent)"; return; }
+  local t rc; t=$(date +%s)
+  # fla-core's tests whose comparisons are in fp32 or that name no dtype (the models run in fp32), its fp32 dots
+  # in IEEE fp32; "not float16" leaves out the bfloat16 cases too (their dots are half either way)
+  timeout "$(limit ${IEEE_S:-900})" env HARNESS_FLA_FP32=ieee TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/ \
+    --ignore=suites/bench -k "fla and not float16 and not float64" --impl fla $PYTEST_COMMON -n "$WORKERS" $XDIST \
+    --generate-seconds "${GENERATE_S:-240}" $(resume_args ieee outcomes-fla-ieee.jsonl) \
+    --results "$LOGS/results-fla-ieee.jsonl" --outcomes "$LOGS/outcomes-fla-ieee.jsonl" > "$LOGS/ieee.txt" 2>&1
+  rc=$?; cut_in ieee "$LOGS/outcomes-fla-ieee.jsonl"; place ieee results-fla-ieee.jsonl outcomes-fla-ieee.jsonl
+  note ieee $rc $(( $(date +%s) - t ))
+  log "ieee: exit $rc: $(tail -1 "$LOGS/ieee.txt")"
+  replay_faults "$LOGS/outcomes-fla-ieee.jsonl" "$LOGS/replay-ieee.txt"
+}
+
 SWEEP_ALL=selective_scan_varlen,causal_conv1d_varlen,causal_conv1d_update,selective_state_update,ssd_varlen,gated_delta_rule_varlen,gated_delta_rule_update,kda_varlen,kda_update,selective_state_update_spec,causal_conv1d_update_spec,gated_delta_rule_update_spec,kda_update_spec
 # sweep_one OPS OUT: harness bench sweep of OPS (comma-separated), timings to OUT
 sweep_one() {
@@ -470,7 +492,7 @@ keep_tuned() {
 }
 keep_tuned "$TUNED" "$TCACHE"
 want tp && step_tp
-if [ "$GPUS" = 2 ] && ! want suites && ! want peers; then
+if [ "$GPUS" = 2 ] && ! want suites && ! want peers && ! want ieee; then
   # nothing to check: both GPUs time
   export QUARTER=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) BENCH_SPLIT=1
   export -f pin sweep_one halves limit left want resumes retime_ops bench_resume
@@ -481,25 +503,27 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   if want suites && want peers; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
-    export -f pin step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults cut_in
+    export -f pin step_suites step_peers step_ieee run_steps want resumes left limit log note place resume_args \
+      replay_faults cut_in
     export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
-    CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers' &
+    CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers ieee' &
     wait
   else
     # one checking step: its pytest workers take the GPUs in turn (worker gwN on GPU N mod 2), every core
-    run_steps suites peers
+    run_steps suites peers ieee
   fi
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers run_steps want resumes left limit log note place resume_args replay_faults cut_in sweep_one halves bench_resume retime_ops drop_retimed
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers step_ieee run_steps want resumes left limit \
+    log note place resume_args replay_faults cut_in sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
   export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
-  CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers' &
+  CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers ieee' &
   wait
 else
-  run_steps suites sweep bench throughput peers
+  run_steps suites sweep bench throughput peers ieee
 fi
 
 for f in /tmp/peers/build-*.log; do [ -e "$f" ] && cp "$f" "$LOGS/"; done

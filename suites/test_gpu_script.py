@@ -14,10 +14,11 @@ def _gpu_sh(*args):
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "3"], "--gpus: expected 1 or 2, got 3"),
-    (["--steps", "suites,bogus"], "--steps: expected a subset of env,tp,suites,bench,throughput,peers,sweep, got bogus"),
+    (["--steps", "suites,bogus"],
+     "--steps: expected a subset of env,tp,suites,bench,throughput,peers,ieee,sweep, got bogus"),
     (["--budget", "ten"], "--budget: expected whole seconds, got ten"),
     (["--resume", "/no/such/run"], "--resume: expected the logs folder of an earlier run, got /no/such/run"),
-    (["--fresh", "suites,tp"], "--fresh: expected a subset of suites,bench,peers, got tp"),
+    (["--fresh", "suites,tp"], "--fresh: expected a subset of suites,bench,peers,ieee, got tp"),
     (["--frobnicate"], "unknown argument --frobnicate"),
 ])
 def test_bad_arguments_are_refused_first(args, message):
@@ -32,21 +33,23 @@ def test_help_names_the_lanes_and_resume():
 
 
 @pytest.mark.parametrize("resume, fresh, expected", [
-    ("", "", "suites:no peers:no bench:no throughput:no tp:no"),
-    ("run", "", "suites:yes peers:yes bench:yes throughput:no tp:no"),
-    ("run", "suites", "suites:no peers:yes bench:yes throughput:no tp:no"),
-    ("run", "suites,bench", "suites:no peers:yes bench:no throughput:no tp:no"),
+    ("", "", "suites:no peers:no ieee:no bench:no throughput:no tp:no"),
+    ("run", "", "suites:yes peers:yes ieee:yes bench:yes throughput:no tp:no"),
+    ("run", "suites", "suites:no peers:yes ieee:yes bench:yes throughput:no tp:no"),
+    ("run", "suites,bench", "suites:no peers:yes ieee:yes bench:no throughput:no tp:no"),
+    ("run", "ieee", "suites:yes peers:yes ieee:no bench:yes throughput:no tp:no"),
 ])
 def test_fresh_steps_start_over_while_the_others_resume(resume, fresh, expected):
     """`resumes STEP` (which gates the outcome file passed to pytest --resume, the bench's --resume, the removal of
-    the step's old files and whether its new records are added to them): the suites, peers and bench steps
+    the step's old files and whether its new records are added to them): the suites, peers, ieee and bench steps
     resume with --resume but those --fresh names; throughput and tp always start over (a resumed throughput
     step once added its first preset's records to the file twice)."""
     src = (ROOT / "scripts" / "gpu.sh").read_text()
     fn = src[src.index("\nresumes() {") + 1:]
     fn = fn[:fn.index("\n}\n") + 2]
     script = (f'RESUME={resume!r}; FRESH={fresh!r}\n{fn}\n'
-              'for s in suites peers bench throughput tp; do resumes $s && a=yes || a=no; printf "%s:%s " $s $a; done')
+              'for s in suites peers ieee bench throughput tp; do resumes $s && a=yes || a=no; '
+              'printf "%s:%s " $s $a; done')
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == expected
@@ -172,6 +175,7 @@ def test_the_peers_step_keeps_every_autotune_result():
         return fn[:fn.index("\n}\n")]
     assert "env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in body("step_peers")
     assert "TRITON_CACHE_AUTOTUNING" not in body("step_bench")
+    assert "env HARNESS_FLA_FP32=ieee TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in body("step_ieee")
 
 
 @pytest.mark.parametrize("addopts, ok", [("", True), ("--no-such-option", False)])
