@@ -157,13 +157,15 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                     (32, 8, 1), (16, 8, 1), (64, 4, 1), (32, 4, 1), (128, 8, 1), (64, 8, 1), (32, 2, 1),
                     (128, 4, 1), (16, 4, 1)])))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
-        # (key blocks of 32 / 16 over 8 warps first, the fewest registers; then a program per key head over its
-        # value heads, k k^T formed once for them (at sub 64 over 8 warps 231 registers offline and no spill; at
-        # sub 16, 48 bytes spilled); then the whole key width per value head)
-        SweepGroup("prep", "delta_rule_chunk", _first(_rows(("prep_bk", "sub", "prep_warps"), [
-            (32, 64, 8), (16, 64, 8), (32, 16, 8), (16, 16, 8), (32, 32, 8)]),
+        # (first T's products in the half dtype, as fla-core's w / u stage takes its solve's output: half the
+        # operand registers and twice the tensor-core rate of tf32; then key blocks of 32 / 16 over 8 warps, the
+        # fewest registers; then a program per key head over its value heads, k k^T formed once for them (at sub
+        # 64 over 8 warps 231 registers offline and no spill; at sub 16, 48 bytes spilled); then the whole key
+        # width per value head)
+        SweepGroup("prep", "delta_rule_chunk", _first([{"t_products": "half"}], _first(
+            _rows(("prep_bk", "sub", "prep_warps"), [(32, 64, 8), (16, 64, 8), (32, 16, 8), (16, 16, 8), (32, 32, 8)]),
             _rows(("prep_heads", "prep_bk", "sub", "prep_warps"), [("key", 0, 64, 8), ("key", 0, 16, 8)])
-            + _rows(("sub", "prep_warps"), [(64, 8), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (16, 2)]))),
+            + _rows(("sub", "prep_warps"), [(64, 8), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (16, 2)])))),
         # chunk 32 first (the fewest registers in all three launches): all three kernels' parameters set, as
         # the groups before may have picked chunk-64 values
         SweepGroup("chunk", "delta_rule_chunk", _first([

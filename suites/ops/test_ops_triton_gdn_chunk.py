@@ -296,11 +296,11 @@ def test_bad_key_block_raises(impl, device, knob):
 
 
 @pytest.mark.parametrize("knob,value", [("outputs", "fused"), ("update_keys", "kg"), ("out_heads", "query"),
-                                        ("prep_heads", "query")])
+                                        ("prep_heads", "query"), ("t_products", "fp8")])
 def test_unknown_pipeline_choice_raises(impl, device, knob, value):
     """CONFIG["outputs"] other than "scan" / "parallel", CONFIG["update_keys"] other than "stored" / "rows",
-    CONFIG["out_heads"] or ["prep_heads"] other than "value" / "key", raises ValueError naming it; nothing is
-    written."""
+    CONFIG["out_heads"] or ["prep_heads"] other than "value" / "key", CONFIG["t_products"] other than "tf32" /
+    "half", raises ValueError naming it; nothing is written."""
     M = _kernel(impl, torch.float32)
     args, _ = _case((5,), device, torch.float32)
     out = torch.full_like(args[2], 7.0)
@@ -373,15 +373,16 @@ def test_update_keys_agree(impl, device, dtype, l2norm, outputs):
                   "stored vs rows")
 
 
-@pytest.mark.parametrize("update_keys", ["default", "rows"])
-def test_large_batch_on_gpu(impl, device, check, update_keys):
+@pytest.mark.parametrize("knobs", [{}, {"update_keys": "rows"}, {"t_products": "half"}],
+                         ids=["default", "rows", "half-T-products"])
+def test_large_batch_on_gpu(impl, device, check, knobs):
     """GPU only (too slow for the interpreter): bf16 activations at the layer's head size (K = V = 128),
-    Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default (and with the
-    state update's keys on the rows of v', a sweep candidate)."""
+    Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default (and with two sweep
+    candidates: the state update's keys on the rows of v'; T's products with the keys and values in bf16)."""
     if device.startswith("cpu"):
         pytest.skip("a GPU case: thousands of tokens at K = V = 128 are too slow for the Triton interpreter")
     M = _kernel(impl, torch.bfloat16)
     args, live = _case((1000, 1, 333, 64, 0), device, torch.bfloat16, Hk=2, Hv=4, K=128, V=128, seed=9,
                        slots=(3, PAD, 1, 2, 4))
-    with mock.patch.dict(M.CONFIG, {} if update_keys == "default" else {"update_keys": update_keys}):
-        _check(check, impl, args, live, torch.bfloat16, layout="contiguous", update_keys=update_keys)
+    with mock.patch.dict(M.CONFIG, knobs):
+        _check(check, impl, args, live, torch.bfloat16, layout="contiguous", **knobs)

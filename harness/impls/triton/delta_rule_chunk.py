@@ -58,10 +58,12 @@ be any strided view: it is addressed through its strides.
 
 Dots: fp32 inputs multiply in fp32 ("ieee"), fp64 in fp64; half inputs feed their q / k / v / scratch
 and state operands to the tensor cores in their own dtype with fp32 accumulation, and the products with T
-in tf32. Scratch (w, u / v', kg, Aqk) is in the half input's dtype, fp32 / fp64 otherwise; the per-chunk
-states S_c are in the dtype the state operand of the dots has (the half dtype, fp32 with state_tf32, fp32 /
-fp64 for fp32 / fp64 inputs), so the output dot sees exactly the operand the scan would. Token, slot and
-head offsets are int64.
+in tf32 (CONFIG["t_products"] "tf32"; "half": T rounded to the half dtype for the products w = T (..k) and
+u = T (beta v), as fla-core stores its solve's output: half the operand bytes and twice the tensor-core rate,
+T's rounding in w and u; the inverse itself is formed in fp32 either way). Scratch (w, u / v', kg, Aqk) is in
+the half input's dtype, fp32 / fp64 otherwise; the per-chunk states S_c are in the dtype the state operand of
+the dots has (the half dtype, fp32 with state_tf32, fp32 / fp64 for fp32 / fp64 inputs), so the output dot
+sees exactly the operand the scan would. Token, slot and head offsets are int64.
 """
 from __future__ import annotations
 
@@ -89,19 +91,22 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # "rows" (the decays and key norms scale the rows of v' and the operand is k as stored); out_heads: the parallel
 # output launch's programs per "value" head, or per "key" head over its value heads (q k^T formed once for them
 # all); prep_heads: the per-chunk launch's programs likewise ("key": the normalised k tile and k k^T formed once
-# for the key head's value heads; whole key width only, prep_bk 0). The device's values in
-# configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
+# for the key head's value heads; whole key width only, prep_bk 0); t_products: half inputs' products with
+# T = (I + A)^-1 in "tf32" (T in fp32) or in the "half" dtype (no effect on fp32 / fp64 inputs). The device's
+# values in configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
 CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, "sub": 16, "bv": 32,
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 128,
                                             "out_warps": 8, "out_stages": 1, "out_bk": 64, "prep_bk": 0,
                                             "state_tf32": False, "update_keys": "stored", "out_heads": "key",
-                                            "prep_heads": "value"})
+                                            "prep_heads": "value", "t_products": "tf32"})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
 HEADS = ("value", "key")
-CHOICES = {"outputs": OUTPUTS, "update_keys": UPDATE_KEYS, "out_heads": HEADS, "prep_heads": HEADS}  # checked per call
+T_PRODUCTS = ("tf32", "half")
+CHOICES = {"outputs": OUTPUTS, "update_keys": UPDATE_KEYS, "out_heads": HEADS, "prep_heads": HEADS,
+           "t_products": T_PRODUCTS}  # checked per call
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
 WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
@@ -240,13 +245,14 @@ def _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, 
 @triton.jit
 def _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV: tl.constexpr, ACC: tl.constexpr,
             TPREC: tl.constexpr):
-    """u = T (beta v) of one chunk and value head, BV value columns at a time (X = T)."""
+    """u = T (beta v) of one chunk and value head, BV value columns at a time (X = T, in the dtype the products
+    take: the operand is cast to it)."""
     for v0 in range(0, V, BV):
         vcol = v0 + tl.arange(0, BV)
         vm = vcol < V
         m2 = valid[:, None] & vm[None, :]
         vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
-        u = tl.dot(X, bt[:, None] * vt, input_precision=TPREC, out_dtype=ACC)
+        u = tl.dot(X, (bt[:, None] * vt).to(X.dtype), input_precision=TPREC, out_dtype=ACC)
         tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
 
 
@@ -255,13 +261,14 @@ def _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, kmask
                ACC: tl.constexpr, TPREC: tl.constexpr, STORE_KG: tl.constexpr):
     """Columns kc of w = T (beta exp(G) k) and, with STORE_KG (the "parallel" pipeline with update_keys
     "stored"), of the update keys kg = exp(G_last - G) k, from those columns of k as stored (kt, in the
-    compute dtype), the rows' inverse norms rk (the l2 normalisation; ones without it) and X = T."""
+    compute dtype), the rows' inverse norms rk (the l2 normalisation; ones without it) and X = T (in the dtype
+    the products take: the operand is cast to it)."""
     m2 = valid[:, None] & kmask[None, :]
     if STORE_KG:
         kg = kt * tl.where(valid, tl.exp(g_last - G) * rk, 0.0)[:, None]
         tl.store(kg_ptr + tok[:, None] * skg0 + h * skg1 + kc[None, :], kg.to(kg_ptr.dtype.element_ty), mask=m2)
     kb = (bt * tl.exp(G) * rk)[:, None] * kt
-    w = tl.dot(X, kb, input_precision=TPREC, out_dtype=ACC)
+    w = tl.dot(X, kb.to(X.dtype), input_precision=TPREC, out_dtype=ACC)
     tl.store(w_ptr + tok[:, None] * sw0 + h * sw1 + kc[None, :], w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
@@ -273,7 +280,7 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
                       CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, KB: tl.constexpr,
                       BV: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
                       PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr, STORE_KG: tl.constexpr,
-                      WIDE: tl.constexpr):
+                      WIDE: tl.constexpr, TD: tl.constexpr):
     """`_gdn_prep_kernel`'s chunk with the key dimension in blocks of KB columns: (C, KB) tiles of k (and q)
     live at a time, read once for k k^T and the rows' sums of squares (and once for q k^T), once for w and
     kg."""
@@ -290,7 +297,7 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
         kk += tl.dot(kb.to(DOT), tl.trans(kb.to(DOT)), input_precision=PREC, out_dtype=ACC)
     rk = _inv_norms(ssk, L2NORM)
     A = tl.where(rows[:, None] > rows[None, :], (bt * rk)[:, None] * kk * rk[None, :] * dec, 0.0)
-    X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
+    X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC).to(TD)
     if STORE_AQK:
         qk = tl.zeros((CH, CH), dtype=ACC)
         ssq = tl.zeros((CH,), dtype=ACC)
@@ -323,7 +330,8 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
                      DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr,
-                     STORE_KG: tl.constexpr, KB: tl.constexpr, WIDE: tl.constexpr, SHARED: tl.constexpr):
+                     STORE_KG: tl.constexpr, KB: tl.constexpr, WIDE: tl.constexpr, SHARED: tl.constexpr,
+                     TD: tl.constexpr):
     """w, u, G and Aqk (STORE_AQK: the "scan" pipeline) or kg (STORE_KG: the "parallel" one with update_keys
     "stored") of one chunk and value head. KB = BK: the whole (C, K) tile of k normalised in registers.
     KB < BK: the key dimension in blocks of KB columns (passes over k (and q): the (C, C) products with the
@@ -353,7 +361,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                 bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, hv, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1,
                                           ACC)
                 A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
-                X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
+                X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC).to(TD)
                 if STORE_AQK:
                     tl.store(a_ptr + tok[:, None] * sa0 + hv * sa1 + rows[None, :],
                              (qk * dec).to(a_ptr.dtype.element_ty), mask=valid[:, None])
@@ -376,7 +384,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                               tok,
                               rows, valid, K, V, scale, sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0,
                               sb1, sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1, CH, SUB, LOG2NB, KB, BV,
-                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK, STORE_KG, WIDE)
+                              L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK, STORE_KG, WIDE, TD)
             return
         kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)  # normalised
         rk = tl.full((CH,), 1.0, ACC)
@@ -384,7 +392,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
         kd = kt.to(DOT)
         kk = tl.dot(kd, tl.trans(kd), input_precision=PREC, out_dtype=ACC)
         A = tl.where(rows[:, None] > rows[None, :], bt[:, None] * kk * dec, 0.0)
-        X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC)
+        X = _unit_lower_inverse(A, rows, n, CH, SUB, LOG2NB, ACC, TPREC).to(TD)
         if STORE_AQK:
             qt = _load_qk(q_ptr, tok, hk, valid, kcol, km, sq0, sq1, sq2, scale, ACC, L2NORM)
             qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
@@ -712,6 +720,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     BVS, BVO = min(BV, VP), min(BVO, VP)
     BLOCK_S = min(1024, max(16, next_power_of_2(S)))
     ACC, DOT, PREC, SDOT, SPREC, TPREC = _dot_types(q.dtype, bool(CONFIG["state_tf32"]))
+    TD = DOT if CONFIG["t_products"] == "half" and DOT in (tl.float16, tl.bfloat16) else ACC
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     sd = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else cd  # scratch of w, u / v', kg, Aqk
     dev = v.device
@@ -740,7 +749,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             kg.stride(1), *gc.stride(),
             CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, num_warps=int(CONFIG["prep_warps"]))
+            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, TD=TD,
+            num_warps=int(CONFIG["prep_warps"]))
         if not parallel:
             launch(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
