@@ -239,8 +239,10 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (16, 32, 4, 2, 8), (16, 32, 8, 2, 8), (16, 64, 8, 2, 8), (32, 16, 8, 2, 8),
             (16, 32, 4, 2, 4), (32, 32, 4, 2, 4), (32, 64, 4, 2, 4), (32, 32, 4, 2, 8), (64, 64, 4, 2, 8),
             (64, 32, 8, 2, 8), (64, 32, 4, 3, 8), (64, 16, 4, 2, 8), (64, 32, 4, 2, 4)])),
-        # the per-chunk stage: warps, value channels per step of u / Qk u
-        SweepGroup("prep", "kda_chunk", _grid(prep_warps=(8, 4, 16), prep_bv=(64, 32, 128))),
+        # the per-chunk stage: T's and Qk's products in bf16 first (as fla-core takes its solve's output), then
+        # warps, value channels per step of u / Qk u
+        SweepGroup("prep", "kda_chunk", _first([{"t_products": "half"}],
+                                               _grid(prep_warps=(8, 4, 16), prep_bv=(64, 32, 128)))),
     ],
 }
 

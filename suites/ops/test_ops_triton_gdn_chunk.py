@@ -373,6 +373,20 @@ def test_update_keys_agree(impl, device, dtype, l2norm, outputs):
                   "stored vs rows")
 
 
+def test_half_t_products_leave_fp32_as_is(impl, device):
+    """CONFIG["t_products"] "half" rounds T's products for half inputs only (`test_large_batch_on_gpu` runs it at
+    bf16): fp32 outputs and states are bit for bit those of "tf32"."""
+    M = _kernel(impl, torch.float32)
+    args, _ = _case((3, 16 + 5, 0, 9), device, torch.float32, Hk=1, Hv=2, K=40, V=5, slots=(2, PAD, 1, 3), seed=29)
+    args2 = [a.clone() for a in args]
+    with mock.patch.dict(M.CONFIG, {"chunk": 16}):
+        y = impl.op(OP)(*args, use_qk_l2norm=True)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, "t_products": "half"}):
+        y2 = impl.op(OP)(*args2, use_qk_l2norm=True)
+    assert_bitwise_equal("fp32 outputs, t_products half vs tf32", y2, y)
+    assert_bitwise_equal("fp32 states, t_products half vs tf32", args2[5], args[5])
+
+
 @pytest.mark.parametrize("knobs", [{}, {"update_keys": "rows"}, {"t_products": "half"}],
                          ids=["default", "rows", "half-T-products"])
 def test_large_batch_on_gpu(impl, device, check, knobs):

@@ -228,6 +228,36 @@ def test_launch_variants(device, check, over):
         _run(check, device, torch.float32, [3, 70], V=20, seed=4)
 
 
+def test_half_t_products(device, check):
+    """CONFIG["t_products"] "half" (a sweep candidate): bf16 inputs multiply T and Qk with w, u and the keys in
+    bf16 and still match the oracle at the bf16 tolerance, at the layer's head size over several chunks (GPU:
+    the interpreter computes in fp32 only; there it must leave fp32 bit for bit as it was)."""
+    kc = _module(device)
+    if device.startswith("cpu"):
+        args, _ = _case(device, torch.float32, [3, 70], V=20, seed=4)
+        args2 = [a.clone() for a in args]
+        y = _impl().op(OP)(*args, use_qk_l2norm=True)
+        with mock.patch.dict(kc.CONFIG, {"t_products": "half"}):
+            y2 = _impl().op(OP)(*args2, use_qk_l2norm=True)
+        assert_bitwise_equal("fp32 outputs, t_products half vs tf32", y2, y)
+        assert_bitwise_equal("fp32 states, t_products half vs tf32", args2[5], args[5])
+        return
+    with mock.patch.dict(kc.CONFIG, {"t_products": "half"}):
+        _run(check, device, torch.bfloat16, [3, 200, 64], H=4, K=128, V=128, seed=4)
+
+
+def test_unknown_t_products_raises(device):
+    """CONFIG["t_products"] other than "tf32" / "half" raises ValueError naming it; nothing is written."""
+    kc = _module(device)
+    args, _ = _case(device, torch.float32, [5])
+    out = torch.full_like(args[2], 7.0)
+    before = args[5].clone()
+    with mock.patch.dict(kc.CONFIG, {"t_products": "fp8"}), pytest.raises(ValueError, match="t_products.*'fp8'"):
+        _impl().op(OP)(*args, use_qk_l2norm=True, out=out)
+    assert bool((out == 7.0).all())
+    assert_bitwise_equal("pool after a rejected call", args[5], before)
+
+
 def test_wide_tile_offsets(device):
     """A chunk whose rows span 2**31 elements or more (a view with a huge row stride) takes 64-bit tile offsets
     in the per-chunk stage (delta_rule_chunk.WIDE_SPAN): forced here on small inputs (two sequences, one

@@ -34,7 +34,7 @@ and S the key-major (K, V) state before the chunk (the pool holds it value-major
    strides (an empty sequence writes its initial state).
 
 Dots: bf16 inputs feed q / k and the scratch (stored in bf16) and the state to the tensor cores in bf16,
-the products with T, Qk w and Qk u in tf32; fp16 inputs run everything in tf32 with fp32 scratch (the
+the products with T, Qk w and Qk u in tf32 (CONFIG["t_products"] "half": in bf16 too); fp16 inputs run everything in tf32 with fp32 scratch (the
 split factors reach 2**96, and a growing state's exp(G) passes fp16's range); fp32 / fp64 exactly
 ("ieee"). No host synchronisation: the grids are sized from T // BT upper bounds and the chunk and
 sequence counts are read on the device. Token, slot and head offsets are int64, but for the per-chunk
@@ -61,11 +61,14 @@ __all__ = ["kda_varlen", "CONFIG"]
 # bt: chunk length (16, 32 or 64), bv: value channels per scan program, prep_bv: value channels per step
 # of the per-chunk stage's u / Qk u, prep_warps / scan_warps / scan_stages: the launches' num_warps and the
 # scan's load pipelining, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0:
-# always the exact path). The device's values in configs/<device>/kda_chunk.json.
+# always the exact path), t_products: bf16 inputs' products with T, Qk w and Qk u in "tf32" (T and Qk in fp32)
+# or in "half" (bf16, as fla-core stores its solve's output; fp16 and fp32 / fp64 inputs are unaffected). The
+# device's values in configs/<device>/kda_chunk.json.
 # Sweep candidates lead with the settings of fewest registers: bt 16 (both launches), or bt 32 with bv 16 over 8
 # scan warps (the scan).
 CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_warps": 8, "scan_warps": 4,
-                                     "scan_stages": 2, "fast_thr": 96.0})
+                                     "scan_stages": 2, "fast_thr": 96.0, "t_products": "tf32"})
+T_PRODUCTS = ("tf32", "half")
 
 
 @triton.jit
@@ -262,7 +265,12 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
         return o
     cd = compute_dtype(q.dtype)
     CD = tl.float64 if cd == torch.float64 else tl.float32
+    if CONFIG["t_products"] not in T_PRODUCTS:
+        raise ValueError(f"kda_chunk config t_products: expected one of {list(T_PRODUCTS)}, "
+                         f"got {CONFIG['t_products']!r}")
     dot, prec, tdot, tprec, sdt = _dot_types(q.dtype, cd)
+    if CONFIG["t_products"] == "half" and q.dtype == torch.bfloat16:
+        tdot = tl.bfloat16
     bt = _block(CONFIG["bt"], "bt", (16, 32, 64))
     sub = 16
     BK = max(16, next_power_of_2(K))
