@@ -34,12 +34,12 @@ and S the key-major (K, V) state before the chunk (the pool holds it value-major
    strides (an empty sequence writes its initial state).
 
 Dots: bf16 inputs feed q / k and the scratch (stored in bf16) and the state to the tensor cores in bf16,
-the products with T, Qk w and Qk u in tf32 (CONFIG["t_products"] "half": in bf16 too); fp16 inputs run everything in tf32 with fp32 scratch (the
-split factors reach 2**96, and a growing state's exp(G) passes fp16's range); fp32 / fp64 exactly
-("ieee"). No host synchronisation: the grids are sized from T // BT upper bounds and the chunk and
-sequence counts are read on the device. Token, slot and head offsets are int64, but for the per-chunk
-stage's tiles: their offsets from the chunk's first token (a 64-bit scalar) are 32-bit (64-bit where a
-chunk's rows span 2**31 elements or more).
+the products with T, Qk w and Qk u in tf32 (CONFIG["t_products"] "half": in bf16 too); fp16 inputs run everything
+in tf32 with fp32 scratch (the split factors reach 2**96, and a growing state's exp(G) passes fp16's range); fp32 /
+fp64 exactly ("ieee"). No host synchronisation: the grids are sized from T // BT upper bounds and the chunk and
+sequence counts are read on the device. Token, slot and head offsets are int64, but for the per-chunk stage's
+tiles: their offsets from the chunk's first token (a 64-bit scalar) are 32-bit (64-bit where a chunk's rows span
+2**31 elements or more).
 """
 from __future__ import annotations
 
