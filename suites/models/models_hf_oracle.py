@@ -343,15 +343,32 @@ def widened(tol, s):
     return type(tol)(tol.atol + s.atol, tol.rtol, tol.ratio + s.ratio)
 
 
+def _one_forward(model, prompt: list[int], tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
+    """transformers' step logits for `tokens` after `prompt` from one forward of the whole sequence (the
+    steps and vocabulary of `logits`, which generate gave)."""
+    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
+    with torch.no_grad():
+        return model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]]
+
+
 def oracle_spread(model, prompt: list[int], tokens: list[int], logits: torch.Tensor):
     """How far transformers' fp32 step logits (`logits`, from generate: one token at a time through its caches)
     move when the same tokens go through one forward of the whole sequence instead: their `spread`, SPREAD_K
     times. That is the oracle's own rounding at these steps: ~1e-6 where they are well conditioned, 1e-2 at
     ill-conditioned ones (a gated norm over a nearly zero head output, say)."""
-    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
-    with torch.no_grad():
-        full = model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]]
-    return spread(full, logits, SPREAD_K)
+    return spread(_one_forward(model, prompt, tokens, logits), logits, SPREAD_K)
+
+
+def oracle_tie_margins(model, prompt: list[int], tokens: list[int], logits: torch.Tensor,
+                       margin: float) -> list[float]:
+    """Per step, the top-2 margin (`top2_margin`'s units) below which transformers' own choice is a tie: at least
+    `margin`, and at least SPREAD_K times what the step's two best logits can move between its two evaluation
+    orders (generate against one forward: each logit by the step's largest difference d, their gap by 2 d),
+    relative to max(1, |top logit|). Where the oracle is well conditioned (d ~ 1e-6) that is `margin`; at a step
+    whose orders differ by 2e-2 a choice made by less than about 0.3 is the oracle's rounding, not a token."""
+    d = (_one_forward(model, prompt, tokens, logits).double() - logits.double()).abs().amax(-1)
+    top = logits.double().amax(-1).abs().clamp_min(1.0)
+    return [max(margin, float(x)) for x in SPREAD_K * 2 * d / top]
 
 
 def top2_margin(logits: torch.Tensor) -> float:
@@ -360,18 +377,19 @@ def top2_margin(logits: torch.Tensor) -> float:
     return float((top[0] - top[1]) / max(1.0, abs(float(top[0]))))
 
 
-def first_clear_mismatch(ours: list[int], oracle: list[int], oracle_logits: torch.Tensor, margin: float = 1e-3):
+def first_clear_mismatch(ours: list[int], oracle: list[int], oracle_logits: torch.Tensor, margin=1e-3):
     """Tie-aware greedy agreement.
 
-    Walks the two token streams; a mismatch where the oracle's top-2 margin is <= `margin` is a tie:
-    the streams may legitimately diverge there, and nothing after it is compared. Returns None when
-    they agree, else (step, our token, oracle token, margin) of the first clear mismatch.
+    Walks the two token streams; a mismatch where the oracle's top-2 margin is <= `margin` (one number, or one
+    per step: `oracle_tie_margins`) is a tie: the streams may legitimately diverge there, and nothing after it is
+    compared. Returns None when they agree, else (step, our token, oracle token, margin) of the first clear
+    mismatch.
     """
     for i, (a, b) in enumerate(zip(ours, oracle)):
         if a == b:
             continue
         m = top2_margin(oracle_logits[i])
-        if m <= margin:
+        if m <= (margin if isinstance(margin, (int, float)) else margin[i]):
             return None
         return i, a, b, m
     if len(ours) != len(oracle):
@@ -386,13 +404,15 @@ def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *
     tie-aware (first_clear_mismatch with `margin`), and the logits of the steps where both chose the same
     tokens (after a tie the inputs differ) are within tolerance. transformers runs in fp32: the comparison
     cannot be tighter than fp32's policy (x2 for depth). With the transformers `model`, each prompt's tolerance
-    is widened by the oracle's own spread at its steps (`oracle_spread`). `show_cached`: a token mismatch's
+    is widened by the oracle's own spread at its steps (`oracle_spread`), and a step's tie margin by it
+    (`oracle_tie_margins`). `show_cached`: a token mismatch's
     message also says how many tokens the request took from the prefix cache."""
     from harness.testing.checks import tolerance_for
     tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
     for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
         r = results[f"r{i}"]
-        bad = first_clear_mismatch(list(r.tokens), toks, logits, margin)
+        ties = oracle_tie_margins(model, p, toks, logits, margin) if model is not None else margin
+        bad = first_clear_mismatch(list(r.tokens), toks, logits, ties)
         cached = f", {r.num_cached} tokens from the prefix cache" if show_cached else ""
         assert bad is None, (f"{family} engine[{factory.impl.name}, {factory.dtype}] request {i} (prompt {p}{cached}): "
                              f"greedy token differs from transformers at step {bad[0]}: ours {bad[1]}, "
