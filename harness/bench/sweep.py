@@ -157,8 +157,8 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                     (32, 8, 1), (16, 8, 1), (64, 4, 1), (32, 4, 1), (128, 8, 1), (64, 8, 1), (32, 2, 1),
                     (128, 4, 1), (16, 4, 1)])))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
-        # (first T's products in the half dtype, as fla-core's w / u stage takes its solve's output: half the
-        # operand registers and twice the tensor-core rate of tf32; then key blocks of 32 / 16 over 8 warps, the
+        # (first T's products in bf16, as fla-core's w / u stage takes its solve's output: twice the tensor-core
+        # rate of tf32, the same registers offline (255); then key blocks of 32 / 16 over 8 warps, the
         # fewest registers; then a program per key head over its value heads, k k^T formed once for them (at sub
         # 64 over 8 warps 231 registers offline and no spill; at sub 16, 48 bytes spilled); then the whole key
         # width per value head)

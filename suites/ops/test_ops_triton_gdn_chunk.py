@@ -374,7 +374,7 @@ def test_update_keys_agree(impl, device, dtype, l2norm, outputs):
 
 
 def test_half_t_products_leave_fp32_as_is(impl, device):
-    """CONFIG["t_products"] "half" rounds T's products for half inputs only (`test_large_batch_on_gpu` runs it at
+    """CONFIG["t_products"] "half" rounds T's products for bf16 inputs only (`test_large_batch_on_gpu` runs it at
     bf16): fp32 outputs and states are bit for bit those of "tf32"."""
     M = _kernel(impl, torch.float32)
     args, _ = _case((3, 16 + 5, 0, 9), device, torch.float32, Hk=1, Hv=2, K=40, V=5, slots=(2, PAD, 1, 3), seed=29)

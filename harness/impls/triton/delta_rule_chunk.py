@@ -58,8 +58,8 @@ be any strided view: it is addressed through its strides.
 
 Dots: fp32 inputs multiply in fp32 ("ieee"), fp64 in fp64; half inputs feed their q / k / v / scratch
 and state operands to the tensor cores in their own dtype with fp32 accumulation, and the products with T
-in tf32 (CONFIG["t_products"] "tf32"; "half": T rounded to the half dtype for the products w = T (..k) and
-u = T (beta v), as fla-core stores its solve's output: half the operand bytes and twice the tensor-core rate,
+in tf32 (CONFIG["t_products"] "tf32"; "half", bf16 inputs only: T rounded to bf16 for the products w = T (..k)
+and u = T (beta v), as fla-core stores its solve's output: half the operand bytes and twice the tensor-core rate,
 T's rounding in w and u; the inverse itself is formed in fp32 either way). Scratch (w, u / v', kg, Aqk) is in
 the half input's dtype, fp32 / fp64 otherwise; the per-chunk states S_c are in the dtype the state operand of
 the dots has (the half dtype, fp32 with state_tf32, fp32 / fp64 for fp32 / fp64 inputs), so the output dot
@@ -92,7 +92,7 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # output launch's programs per "value" head, or per "key" head over its value heads (q k^T formed once for them
 # all); prep_heads: the per-chunk launch's programs likewise ("key": the normalised k tile and k k^T formed once
 # for the key head's value heads; whole key width only, prep_bk 0); t_products: half inputs' products with
-# T = (I + A)^-1 in "tf32" (T in fp32) or in the "half" dtype (no effect on fp32 / fp64 inputs). The device's
+# T = (I + A)^-1 in "tf32" (T in fp32) or in "half" (bf16; fp16, fp32 and fp64 inputs unaffected). The device's
 # values in configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
@@ -720,7 +720,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     BVS, BVO = min(BV, VP), min(BVO, VP)
     BLOCK_S = min(1024, max(16, next_power_of_2(S)))
     ACC, DOT, PREC, SDOT, SPREC, TPREC = _dot_types(q.dtype, bool(CONFIG["state_tf32"]))
-    TD = DOT if CONFIG["t_products"] == "half" and DOT in (tl.float16, tl.bfloat16) else ACC
+    # bf16 only: the operands exp(G) k and T reach past fp16's range where the state grows (g > 0)
+    TD = DOT if CONFIG["t_products"] == "half" and DOT == tl.bfloat16 else ACC
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     sd = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else cd  # scratch of w, u / v', kg, Aqk
     dev = v.device
