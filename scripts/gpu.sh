@@ -424,6 +424,9 @@ step_peers() {
 
 step_ieee() {
   [ "$(left)" -lt 60 ] && { log "ieee: skipped (budget spent)"; return; }
+  if ! python3 -c "import fla" 2>/dev/null; then
+    log "ieee: skipped (fla-core is not importable: see scripts/peers_setup.sh)"; return
+  fi
   local t rc; t=$(date +%s)
   # fla-core's tests whose comparisons are in fp32 or that name no dtype (the models run in fp32), its fp32 dots
   # in IEEE fp32; "not float16" leaves out the bfloat16 cases too (their dots are half either way)
