@@ -271,12 +271,10 @@ PY
 
 step_tp() {
   [ "$(left)" -lt 60 ] && { log "tp: skipped (budget spent)"; return; }
-  local t rc; t=$(date +%s)
+  local t; t=$(date +%s)
   timeout "$(limit ${TPAR_S:-300})" python3 -m pytest suites/engine/test_engine_tp.py --impl triton --impl torch \
     $PYTEST_COMMON --results "$LOGS/results-tp.jsonl" --outcomes "$LOGS/outcomes-tp.jsonl" > "$LOGS/tp.txt" 2>&1
-  rc=$?; cut_in tp "$LOGS/outcomes-tp.jsonl"; place tp results-tp.jsonl outcomes-tp.jsonl
-  note tp $rc $(( $(date +%s) - t ))
-  log "tp: exit $rc: $(tail -1 "$LOGS/tp.txt")"
+  checked tp $? "$t" results-tp.jsonl outcomes-tp.jsonl
 }
 
 # replay_faults OUTCOMES OUT: every test in OUTCOMES that lost the CUDA context has its last op call run again
@@ -317,16 +315,22 @@ print('; '.join(f'{n} ({time.time() - t:.0f} s)' for n, t in sorted(now.items(),
   PYTHONPATH="$OURS_PATH" python3 -m harness.testing.resume cut "$2" >> "$LOG" 2>&1
 }
 
+# checked STEP RC T0 RESULTS OUTCOMES: a test step's pytest has ended with RC (started at T0): its running tests
+# recorded as cut, its files placed in the baseline folder, its exit code and seconds noted and logged
+checked() {
+  cut_in "$1" "$LOGS/$5"; place "$1" "$4" "$5"
+  note "$1" "$2" $(( $(date +%s) - $3 ))
+  log "$1: exit $2: $(tail -1 "$LOGS/$1.txt")"
+}
+
 step_suites() {
   [ "$(left)" -lt 60 ] && { log "suites: skipped (budget spent)"; return; }
-  local t rc; t=$(date +%s)
+  local t; t=$(date +%s)
   # our implementations without the peers on the path (nothing of ours imports them)
   timeout "$(limit ${SUITES_S:-1500})" env PYTHONPATH="$OURS_PATH" python3 -m pytest suites/ --impl triton --impl torch \
     $PYTEST_COMMON -n "$WORKERS" $XDIST $(resume_args suites outcomes.jsonl) --results "$LOGS/results.jsonl" \
     --outcomes "$LOGS/outcomes.jsonl" > "$LOGS/suites.txt" 2>&1
-  rc=$?; cut_in suites "$LOGS/outcomes.jsonl"; place suites results.jsonl outcomes.jsonl
-  note suites $rc $(( $(date +%s) - t ))
-  log "suites: exit $rc: $(tail -1 "$LOGS/suites.txt")"
+  checked suites $? "$t" results.jsonl outcomes.jsonl
   PYTHONPATH="$OURS_PATH" replay_faults "$LOGS/outcomes.jsonl" "$LOGS/replay-suites.txt"
 }
 
@@ -400,7 +404,7 @@ step_throughput() {
 
 step_peers() {
   [ "$(left)" -lt 60 ] && { log "peers: skipped (budget spent)"; return; }
-  local t rc; t=$(date +%s)
+  local t; t=$(date +%s)
   # every registered implementation usable here, filtered to the peers' (an --impl naming a peer that
   # is not importable would stop the run). TRITON_CACHE_AUTOTUNING: every @triton.autotune of the peers
   # (mamba_ssm's, vLLM's and SGLang's Triton kernels; fla-core asks for it itself) keeps its results in
@@ -416,9 +420,7 @@ step_peers() {
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
     --outcomes "$LOGS/outcomes-peers.jsonl" > "$LOGS/peers.txt" 2>&1
-  rc=$?; cut_in peers "$LOGS/outcomes-peers.jsonl"; place peers results-peers.jsonl outcomes-peers.jsonl
-  note peers $rc $(( $(date +%s) - t ))
-  log "peers: exit $rc: $(tail -1 "$LOGS/peers.txt")"
+  checked peers $? "$t" results-peers.jsonl outcomes-peers.jsonl
   replay_faults "$LOGS/outcomes-peers.jsonl" "$LOGS/replay-peers.txt"
 }
 
@@ -427,16 +429,14 @@ step_ieee() {
   if ! python3 -c "import fla" 2>/dev/null; then
     log "ieee: skipped (fla-core is not importable: see scripts/peers_setup.sh)"; return
   fi
-  local t rc; t=$(date +%s)
+  local t; t=$(date +%s)
   # fla-core's tests whose comparisons are in fp32 or that name no dtype (the models run in fp32), its fp32 dots
   # in IEEE fp32; "not float16" leaves out the bfloat16 cases too (their dots are half either way)
   timeout "$(limit ${IEEE_S:-900})" env HARNESS_FLA_FP32=ieee TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/ \
     --ignore=suites/bench -k "fla and not float16 and not float64" --impl fla $PYTEST_COMMON -n "$WORKERS" $XDIST \
     --generate-seconds "${GENERATE_S:-240}" $(resume_args ieee outcomes-fla-ieee.jsonl) \
     --results "$LOGS/results-fla-ieee.jsonl" --outcomes "$LOGS/outcomes-fla-ieee.jsonl" > "$LOGS/ieee.txt" 2>&1
-  rc=$?; cut_in ieee "$LOGS/outcomes-fla-ieee.jsonl"; place ieee results-fla-ieee.jsonl outcomes-fla-ieee.jsonl
-  note ieee $rc $(( $(date +%s) - t ))
-  log "ieee: exit $rc: $(tail -1 "$LOGS/ieee.txt")"
+  checked ieee $? "$t" results-fla-ieee.jsonl outcomes-fla-ieee.jsonl
   replay_faults "$LOGS/outcomes-fla-ieee.jsonl" "$LOGS/replay-ieee.txt"
 }
 
@@ -507,7 +507,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
     export -f pin step_suites step_peers step_ieee run_steps want resumes left limit log note place resume_args \
-      replay_faults cut_in
+      replay_faults cut_in checked
     export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
     CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers ieee' &
@@ -519,7 +519,7 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
   export -f pin step_bench step_throughput step_sweep step_suites step_peers step_ieee run_steps want resumes left limit \
-    log note place resume_args replay_faults cut_in sweep_one halves bench_resume retime_ops drop_retimed
+    log note place resume_args replay_faults cut_in checked sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
   export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
