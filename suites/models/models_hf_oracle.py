@@ -343,7 +343,7 @@ def widened(tol, s):
     return type(tol)(tol.atol + s.atol, tol.rtol, tol.ratio + s.ratio)
 
 
-def _one_forward(model, prompt: list[int], tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
+def one_forward(model, prompt: list[int], tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
     """transformers' step logits for `tokens` after `prompt` from one forward of the whole sequence (the
     steps and vocabulary of `logits`, which generate gave)."""
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
@@ -351,22 +351,26 @@ def _one_forward(model, prompt: list[int], tokens: list[int], logits: torch.Tens
         return model(ids).logits[0, len(prompt) - 1:, :logits.shape[-1]]
 
 
-def oracle_spread(model, prompt: list[int], tokens: list[int], logits: torch.Tensor):
+def oracle_spread(model, prompt: list[int], tokens: list[int], logits: torch.Tensor, full=None):
     """How far transformers' fp32 step logits (`logits`, from generate: one token at a time through its caches)
-    move when the same tokens go through one forward of the whole sequence instead: their `spread`, SPREAD_K
-    times. That is the oracle's own rounding at these steps: ~1e-6 where they are well conditioned, 1e-2 at
-    ill-conditioned ones (a gated norm over a nearly zero head output, say)."""
-    return spread(_one_forward(model, prompt, tokens, logits), logits, SPREAD_K)
+    move when the same tokens go through one forward of the whole sequence instead (`full`: `one_forward`'s,
+    if already computed): their `spread`, SPREAD_K times. That is the oracle's own rounding at these steps:
+    ~1e-6 where they are well conditioned, 1e-2 at ill-conditioned ones (a gated norm over a nearly zero head
+    output, say)."""
+    full = one_forward(model, prompt, tokens, logits) if full is None else full
+    return spread(full, logits, SPREAD_K)
 
 
-def oracle_tie_margins(model, prompt: list[int], tokens: list[int], logits: torch.Tensor,
-                       margin: float) -> list[float]:
+def oracle_tie_margins(model, prompt: list[int], tokens: list[int], logits: torch.Tensor, margin: float,
+                       full=None) -> list[float]:
     """Per step, the top-2 margin (`top2_margin`'s units) below which transformers' own choice is a tie: at least
     `margin`, and at least SPREAD_K times what the step's two best logits can move between its two evaluation
     orders (generate against one forward: each logit by the step's largest difference d, their gap by 2 d),
     relative to max(1, |top logit|). Where the oracle is well conditioned (d ~ 1e-6) that is `margin`; at a step
-    whose orders differ by 2e-2 a choice made by less than about 0.3 is the oracle's rounding, not a token."""
-    d = (_one_forward(model, prompt, tokens, logits).double() - logits.double()).abs().amax(-1)
+    whose orders differ by 2e-2 a choice made by less than about 0.3 is the oracle's rounding, not a token.
+    `full`: `one_forward`'s logits, if already computed."""
+    full = one_forward(model, prompt, tokens, logits) if full is None else full
+    d = (full.double() - logits.double()).abs().amax(-1)
     top = logits.double().amax(-1).abs().clamp_min(1.0)
     return [max(margin, float(x)) for x in SPREAD_K * 2 * d / top]
 
@@ -411,7 +415,8 @@ def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *
     tol = factory.tol if factory.dtype != torch.float64 else tolerance_for(torch.float32, 2.0)
     for i, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
         r = results[f"r{i}"]
-        ties = oracle_tie_margins(model, p, toks, logits, margin) if model is not None else margin
+        full = one_forward(model, p, toks, logits) if model is not None else None
+        ties = oracle_tie_margins(model, p, toks, logits, margin, full) if model is not None else margin
         bad = first_clear_mismatch(list(r.tokens), toks, logits, ties)
         cached = f", {r.num_cached} tokens from the prefix cache" if show_cached else ""
         assert bad is None, (f"{family} engine[{factory.impl.name}, {factory.dtype}] request {i} (prompt {p}{cached}): "
@@ -420,7 +425,7 @@ def check_engine_greedy(check, family: str, factory, prompts, oracle, results, *
         agree = next((k for k, (a, b) in enumerate(zip(r.tokens, toks)) if a != b), len(toks))
         wide, why = tol, context
         if model is not None:
-            s = oracle_spread(model, p, toks, logits)
+            s = oracle_spread(model, p, toks, logits, full)
             wide = widened(tol, s)
             why = (f"{context}; widened by {SPREAD_K:g}x the oracle's spread (atol + {s.atol:.2e}, "
                    f"ratio + {s.ratio:.2e})")

@@ -32,8 +32,9 @@ from reference import families
 from reference.loader import detect_config, load_checkpoint, safetensors_keys
 from reference.models import ReferenceLM
 
-from models_hf_oracle import (SPREAD_K, check_engine_greedy, first_clear_mismatch, hf_greedy, oracle_spread,
-                              oracle_tie_margins, quiet_transformers, randomize_, top2_margin, widened)
+from models_hf_oracle import (SPREAD_K, check_engine_greedy, first_clear_mismatch, hf_greedy, one_forward,
+                              oracle_spread, oracle_tie_margins, quiet_transformers, randomize_, top2_margin,
+                              widened)
 
 MARGIN = 1e-3
 FAMILIES = ("gdn", "kda")
@@ -209,9 +210,10 @@ def _reference_parity(d: HybridDims, seed: int, prompts, n_new: int, check, tol:
     for j, (p, (toks, logits)) in enumerate(zip(prompts, oracle)):
         runs = {dt: forced_until_tie(ref, p, n_new, toks) for dt, ref in refs.items()}
         upto = min(t for _, t in runs.values())
-        spread = oracle_spread(model, p, toks, logits)
+        full = one_forward(model, p, toks, logits)
+        spread = oracle_spread(model, p, toks, logits, full)
         wide = widened(tol, spread)
-        ties = oracle_tie_margins(model, p, toks, logits, MARGIN)
+        ties = oracle_tie_margins(model, p, toks, logits, MARGIN, full)
         for dtype, (gen, _) in runs.items():
             if upto == 0:
                 break  # a tie in the prompt's routing: no step to compare
