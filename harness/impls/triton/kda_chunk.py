@@ -68,7 +68,7 @@ __all__ = ["kda_varlen", "CONFIG"]
 # scan warps (the scan).
 CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_warps": 8, "scan_warps": 4,
                                      "scan_stages": 2, "fast_thr": 96.0, "t_products": "tf32"})
-T_PRODUCTS = ("tf32", "half")
+T_PRODUCTS = _gdn.T_PRODUCTS  # the Gated DeltaNet prefill's choices, the same meaning
 
 
 @triton.jit
