@@ -180,7 +180,7 @@ def test_the_peers_step_keeps_every_autotune_result():
 
 @pytest.mark.parametrize("addopts, ok", [("", True), ("--no-such-option", False)])
 def test_preflight_checks_the_generation_cap_before_any_step(addopts, ok):
-    """`preflight` (run before anything is removed when the suites, peers or tp step is asked for): a property
+    """`preflight` (run before anything is removed when the suites, peers, ieee or tp step is asked for): a property
     test capped by --generate-seconds must pass with the cap's note in its outcome line, on this machine's
     pytest and hypothesis; otherwise gpu.sh stops with the reason (exit 3). A GPU machine's newer hypothesis
     once made every capped test fail, which a run of hundreds of seconds found instead."""
