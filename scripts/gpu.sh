@@ -32,6 +32,9 @@
 # Environment: PEERS_RESUME_FAILED=rerun makes a resumed peers step run again the peers' tests that failed on an
 # assertion (default skip: those verdicts are written-up findings; errors and crashes always run again);
 # PEERS_K a pytest -k expression narrowing the peers step (e.g. "fla": one peer's tests first; default every peer);
+# PEERS_GIB the GPU memory a worker of the peers and ieee steps is given (default 10 GiB): their workers are
+# --workers, at most the smallest visible GPU's memory over PEERS_GIB (7 on an 80 GB H100, 13 on an H200;
+# fla-core's tests in 14 workers on an 80 GB card stopped on CUDA out-of-memory errors in its Triton launches);
 # BENCH_OPS / BENCH_IMPLS (comma lists) narrow the bench; SWEEP_OPS the swept ops and
 # SWEEP_ARGS more `harness bench sweep` arguments (e.g. "--group scan,assoc --candidates 10"); *_S cap a step's
 # seconds (SUITES_S, BENCH_S, TP_S, PEERS_S, SWEEP_S, TPAR_S); SHRINK_S the seconds a failing hypothesis test
@@ -122,6 +125,14 @@ if [ "$NGPU" -lt 1 ]; then
 fi
 if [ "$GPUS" -gt "$NGPU" ]; then echo "gpu.sh: --gpus: expected at most the $NGPU GPU(s) here, got $GPUS" >&2; exit 2; fi
 case ",$STEPS," in *,tp,*) [ "$NGPU" -ge 2 ] || { echo "gpu.sh: --steps tp: expected 2 GPUs, got $NGPU" >&2; exit 2; } ;; esac
+# the smallest visible GPU's memory in GiB (the peers' and ieee steps' worker cap: peer_workers)
+GPU_GIB=$(python3 -c "import torch
+print(min(torch.cuda.get_device_properties(i).total_memory for i in range($NGPU)) >> 30)")
+# peer_workers: the workers of the peers and ieee steps: --workers, at most GPU_GIB / PEERS_GIB (at least 1)
+peer_workers() {
+  local cap=$(( GPU_GIB / ${PEERS_GIB:-10} )); [ "$cap" -ge 1 ] || cap=1
+  [ "$WORKERS" -le "$cap" ] && echo "$WORKERS" || echo "$cap"
+}
 # the folder name the kernels' launch configurations use too (harness/impls/triton/configs/<device>/)
 [ -n "$DEVICE" ] || DEVICE=$(python3 -c "import torch; from harness.impls.triton._common import device_folder; print(device_folder(torch.cuda.get_device_name()))")
 DIR=${DIR:-reports/baselines/$DEVICE}
@@ -238,6 +249,9 @@ for s in ${STEPS//,/ }; do
   esac
 done
 log "device $DEVICE -> $DIR (logs $LOGS, budget ${BUDGET}s, steps $STEPS, gpus $GPUS${RESUME:+, resuming $RESUME}${FRESH:+ but for $FRESH})"
+if { want peers || want ieee; } && [ "$(peer_workers)" -lt "$WORKERS" ]; then
+  log "peers, ieee: $(peer_workers) workers, not $WORKERS (${GPU_GIB} GiB of GPU memory, ${PEERS_GIB:-10} GiB a worker)"
+fi
 
 # The peers' CUDA extensions compile in the background while the suites run.
 if want bench || want peers || want ieee || want throughput; then
@@ -415,7 +429,7 @@ step_peers() {
   # and tune each drawn shape anew and ran past 476 s, so a run of at most 600 s restarted them from nothing
   # every time; each now stops drawing after that long, and its outcome line says after how many examples
   timeout "$(limit ${PEERS_S:-900})" env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/ --ignore=suites/bench \
-    -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$WORKERS" $XDIST \
+    -k "${PEERS_K:-mamba_ssm or causal_conv1d or fla or vllm or sglang}" $PYTEST_COMMON -n "$(peer_workers)" $XDIST \
     --generate-seconds "${GENERATE_S:-240}" \
     $(resume_args peers outcomes-peers.jsonl) --resume-failed "${PEERS_RESUME_FAILED:-skip}" \
     --results "$LOGS/results-peers.jsonl" \
@@ -433,7 +447,7 @@ step_ieee() {
   # fla-core's tests whose comparisons are in fp32 or that name no dtype (the models run in fp32), its fp32 dots
   # in IEEE fp32; "not float16" leaves out the bfloat16 cases too (their dots are half either way)
   timeout "$(limit ${IEEE_S:-900})" env HARNESS_FLA_FP32=ieee TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/ \
-    --ignore=suites/bench -k "fla and not float16 and not float64" --impl fla $PYTEST_COMMON -n "$WORKERS" $XDIST \
+    --ignore=suites/bench -k "fla and not float16 and not float64" --impl fla $PYTEST_COMMON -n "$(peer_workers)" $XDIST \
     --generate-seconds "${GENERATE_S:-240}" $(resume_args ieee outcomes-fla-ieee.jsonl) \
     --results "$LOGS/results-fla-ieee.jsonl" --outcomes "$LOGS/outcomes-fla-ieee.jsonl" > "$LOGS/ieee.txt" 2>&1
   checked ieee $? "$t" results-fla-ieee.jsonl outcomes-fla-ieee.jsonl
@@ -506,9 +520,9 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   if want suites && want peers; then
     # nothing to time: both GPUs check, our suites on GPU 0 and the peers' on GPU 1, half the cores each
     ncpu=$(nproc); half=$(( ncpu / 2 > 0 ? ncpu / 2 : 1 ))
-    export -f pin step_suites step_peers step_ieee run_steps want resumes left limit log note place resume_args \
+    export -f pin step_suites step_peers step_ieee run_steps want resumes left limit log note place resume_args peer_workers \
       replay_faults cut_in checked
-    export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
+    export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS GPU_GIB PYTEST_COMMON XDIST OURS_PATH
     CUDA_VISIBLE_DEVICES=0 pin "0-$(( half - 1 ))" bash -c 'run_steps suites' &
     CUDA_VISIBLE_DEVICES=1 pin "$half-$(( ncpu - 1 ))" bash -c 'run_steps peers ieee' &
     wait
@@ -518,10 +532,10 @@ elif [ "$GPUS" = 2 ] && ! want sweep && ! want bench && ! want throughput; then
   fi
 elif [ "$GPUS" = 2 ]; then
   ncpu=$(nproc); quarter=$(( ncpu / 4 > 0 ? ncpu / 4 : 1 ))
-  export -f pin step_bench step_throughput step_sweep step_suites step_peers step_ieee run_steps want resumes left limit \
+  export -f pin step_bench step_throughput step_sweep step_suites step_peers step_ieee run_steps want resumes left limit peer_workers \
     log note place resume_args replay_faults cut_in checked sweep_one halves bench_resume retime_ops drop_retimed
   export SWEEP_ALL SWEEP_ARGS
-  export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS PYTEST_COMMON XDIST OURS_PATH
+  export DIR LOGS LOG T0 BUDGET STEPS RESUME FRESH DEVICE WORKERS GPU_GIB PYTEST_COMMON XDIST OURS_PATH
   CUDA_VISIBLE_DEVICES=0 pin "0-$(( quarter - 1 ))" bash -c 'run_steps sweep bench throughput' &
   CUDA_VISIBLE_DEVICES=1 pin "$quarter-$(( ncpu - 1 ))" bash -c 'run_steps suites peers ieee' &
   wait

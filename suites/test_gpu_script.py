@@ -198,3 +198,23 @@ def test_preflight_checks_the_generation_cap_before_any_step(addopts, ok):
     else:
         assert r.returncode == 3 and "gpu.sh: preflight: expected a property test capped by --generate-seconds " \
             "to pass, got exit 4" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("gib, workers, per, expected", [
+    (79, 14, "", 7), (139, 14, "", 13), (79, 4, "", 4), (79, 14, "100", 1), (79, 14, "20", 3)])
+def test_the_peers_workers_fit_the_gpu_memory(gib, workers, per, expected):
+    """`peer_workers`: the peers and ieee steps run --workers pytest workers, at most the GPU's memory over
+    PEERS_GIB (default 10 GiB a worker; at least one): fla-core's tests in 14 workers on an 80 GB card stopped on
+    CUDA out-of-memory errors. Both steps' pytest takes its -n from it; the suites step keeps --workers."""
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+
+    def body(name):
+        fn = src[src.index(f"\n{name}() {{") + 1:]
+        return fn[:fn.index("\n}\n") + 2]
+    per_worker = f"PEERS_GIB={per}" if per else ""
+    script = f"GPU_GIB={gib}; WORKERS={workers}; {per_worker}\n{body('peer_workers')}\npeer_workers"
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(expected)
+    assert '-n "$(peer_workers)"' in body("step_peers") and '-n "$(peer_workers)"' in body("step_ieee")
+    assert '-n "$WORKERS"' in body("step_suites")
