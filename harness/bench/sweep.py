@@ -64,6 +64,11 @@ def _layout(name):
     return lambda shape: shape.get("layout") == name
 
 
+# GDN's per-chunk stage in two launches (prep_split: T and the key norms stored, then w, u and kg in programs
+# of wu_bw columns): offline for sm_90 at the bench shape the first launch takes 156 registers at 4 warps
+# against the fused launch's 254 (3 programs per SM instead of 2), the second 78 (blocks of 64) or 147 (128)
+_SPLIT_PREP = [{"prep_split": True}, {"prep_split": True, "t_products": "half"}, {"prep_split": True, "wu_bw": 128},
+               {"prep_split": True, "wu_warps": 8}, {"prep_split": True, "prep_warps": 8}]
 _SCAN_STAGE = ("block_m", "block_k", "heads", "num_warps", "num_stages", "maxnreg", "early_epilogue")
 _STATE_STAGE = ("block_p", "block_n", "block_k", "heads", "num_warps", "num_stages", "maxnreg")
 # (value rows, warps) of the decode update with at most 64 state values a thread (K 128), tried first
@@ -158,11 +163,12 @@ SWEEPS: dict[str, list[SweepGroup]] = {
                     (128, 4, 1), (16, 4, 1)])))),
         # the parallel per-chunk stage: diagonal blocks of the (I + A)^-1 substitution, warps
         # (first T's products in bf16, as fla-core's w / u stage takes its solve's output: twice the tensor-core
-        # rate of tf32, the same registers offline (255); then key blocks of 32 / 16 over 8 warps, the
+        # rate of tf32, the same registers offline (255); then the stage split in two launches (`_SPLIT_PREP`);
+        # then key blocks of 32 / 16 over 8 warps, the
         # fewest registers; then a program per key head over its value heads, k k^T formed once for them (at sub
         # 64 over 8 warps 231 registers offline and no spill; at sub 16, 48 bytes spilled); then the whole key
         # width per value head)
-        SweepGroup("prep", "delta_rule_chunk", _first([{"t_products": "half"}], _first(
+        SweepGroup("prep", "delta_rule_chunk", _first([{"t_products": "half"}] + _SPLIT_PREP, _first(
             _rows(("prep_bk", "sub", "prep_warps"), [(32, 64, 8), (16, 64, 8), (32, 16, 8), (16, 16, 8), (32, 32, 8)]),
             _rows(("prep_heads", "prep_bk", "sub", "prep_warps"), [("key", 0, 64, 8), ("key", 0, 16, 8)])
             + _rows(("sub", "prep_warps"), [(64, 8), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (16, 2)])))),

@@ -9,6 +9,7 @@ through its strides).
 
 Runs where the `triton` implementation does (CPU through the interpreter: fp32 / fp64, tiny shapes).
 """
+import re
 from unittest import mock
 
 import pytest
@@ -69,7 +70,7 @@ def _check(check, impl, args, slots, dtype, *, l2norm=True, layout=None, **shape
 def _rerun_agrees(impl, M, cfg, args, y, pool, l2norm, what, exact_states=False):
     """The op on `args` (a clone of the inputs that gave `y` and the final `pool`) under CONFIG overrides `cfg`:
     outputs and final states equal to rounding (1e-12 in float64, 1e-5 else), the states bit for bit with
-    `exact_states`."""
+    `exact_states`. Returns the rerun's outputs."""
     with mock.patch.dict(M.CONFIG, cfg):
         y2 = impl.op(OP)(*args, use_qk_l2norm=l2norm)
     tol = 1e-12 if y.dtype == torch.float64 else 1e-5
@@ -79,6 +80,7 @@ def _rerun_agrees(impl, M, cfg, args, y, pool, l2norm, what, exact_states=False)
     else:
         assert torch.allclose(pool, args[5], rtol=tol, atol=tol), \
             f"final states, {what}: {(pool - args[5]).abs().max()}"
+    return y2
 
 
 DTYPES = [torch.float32, torch.float64]
@@ -387,12 +389,61 @@ def test_half_t_products_leave_fp32_as_is(impl, device):
     assert_bitwise_equal("fp32 states, t_products half vs tf32", args2[5], args[5])
 
 
-@pytest.mark.parametrize("knobs", [{}, {"update_keys": "rows"}, {"t_products": "half"}],
-                         ids=["default", "rows", "half-T-products"])
+SPLIT_CASES = [(torch.float32, True, "parallel", "stored"), (torch.float32, True, "parallel", "rows"),
+               (torch.float64, False, "scan", "rows"), (torch.float32, False, "scan", "stored")]
+
+
+@pytest.mark.parametrize("dtype, l2norm, outputs, keys", SPLIT_CASES,
+                         ids=["fp32-l2-parallel-stored", "fp32-l2-parallel-rows", "fp64-scan-rows", "fp32-scan-stored"])
+def test_split_prep_matches_the_fused_launch(impl, device, dtype, l2norm, outputs, keys):
+    """CONFIG["prep_split"]: the per-chunk launch stores T and the key norms, and `_gdn_wu_kernel` forms w, u and
+    kg from them in blocks of wu_bw columns (here 16: three key blocks over K = 40, the last partial, two value
+    blocks over V = 20): the same operations on the same values as the fused launch, so outputs and final states
+    agree with it to rounding (bit for bit under the interpreter), in both pipelines and with both state-update
+    keys; the second launch is made."""
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (3, 16 + 5, 0, 40), (2, PAD, 1, 3), (True, True, True, False)
+    args, _ = _case(lengths, device, dtype, Hk=1, Hv=2, K=40, V=20, slots=slots, init=init, l2norm=l2norm, seed=29)
+    args2 = [a.clone() for a in args]
+    base = {"chunk": 16, "outputs": outputs, "update_keys": keys}
+    with mock.patch.dict(M.CONFIG, base):
+        y = impl.op(OP)(*args, use_qk_l2norm=l2norm)
+    launched = []
+    real = M.launch
+
+    def recording(kernel, grid, *a, **kw):
+        launched.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel, grid, *a, **kw)
+    with mock.patch.object(M, "launch", recording):
+        y2 = _rerun_agrees(impl, M, {**base, "prep_split": True, "wu_bw": 16}, args2, y, args[5], l2norm,
+                           "split vs fused per-chunk launch", exact_states=device.startswith("cpu"))
+    assert "_gdn_wu_kernel" in launched, launched
+    if device.startswith("cpu"):
+        assert_bitwise_equal("outputs, split vs fused per-chunk launch", y2, y)
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    ({"prep_split": True, "prep_heads": "key"}, 'False unless prep_heads is "value" and prep_bk 0'),
+    ({"prep_split": True, "prep_bk": 16}, 'False unless prep_heads is "value" and prep_bk 0'),
+    ({"prep_split": "yes"}, "True or False"),
+    ({"prep_split": True, "wu_bw": 24}, "a power of two >= 16")])
+def test_split_prep_bad_settings_are_refused(impl, device, cfg, expected):
+    """prep_split with a per-key-head or key-blocked per-chunk launch (which it does not take), a flag that is not
+    a bool, or a column block that is not a power of two: an error naming the setting, before any launch."""
+    M = _kernel(impl, torch.float32)
+    args, _ = _case((5,), device, torch.float32, Hk=1, Hv=2, K=32, V=16, seed=3)
+    with mock.patch.dict(M.CONFIG, {"chunk": 16, **cfg}), pytest.raises(ValueError, match=re.escape(expected)):
+        impl.op(OP)(*args, use_qk_l2norm=True)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"update_keys": "rows"}, {"t_products": "half"}, {"prep_split": True},
+                                   {"prep_split": True, "t_products": "half"}],
+                         ids=["default", "rows", "half-T-products", "split-prep", "split-prep-half-T"])
 def test_large_batch_on_gpu(impl, device, check, knobs):
     """GPU only (too slow for the interpreter): bf16 activations at the layer's head size (K = V = 128),
     Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default (and with two sweep
-    candidates: the state update's keys on the rows of v'; T's products with the keys and values in bf16)."""
+    candidates: the state update's keys on the rows of v'; T's products with the keys and values in bf16; the
+    per-chunk launch split in two, T stored in fp32 and in bf16)."""
     if device.startswith("cpu"):
         pytest.skip("a GPU case: thousands of tokens at K = V = 128 are too slow for the Triton interpreter")
     M = _kernel(impl, torch.bfloat16)

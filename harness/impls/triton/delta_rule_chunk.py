@@ -15,6 +15,10 @@ value-major state S (V, K) and l2-normalised, scaled q and k, CONFIG["outputs"] 
        A = strictly-lower(beta_i k_i . k_j exp(G_i - G_j)),   T = (I + A)^-1   (`_unit_lower_inverse`),
        w = T (beta exp(G) k)   (C, K),   u = T (beta v)   (C, V),   kg = exp(G_last - G) k   (C, K)
    and stores w, u, kg and G per token (scratch indexed like the activations, (T, Hv, .)).
+   With CONFIG["prep_split"] it stores T (chunk slot, Hv, C, C) in the dtype its products take and the key
+   rows' norms instead, and `_gdn_wu_kernel` forms w, u and kg from them, one program per (block of wu_bw key or
+   value columns, chunk slot, value head): the same operations on the same values, in programs of fewer
+   registers (sm_90, bf16, K = V = 128: 156 and 78 against the fused launch's 254).
 2. `_gdn_state_kernel`, one program per (sequence, value head, block of BV value rows), walking the
    sequence's chunks in order with its (BV, K) state tile in registers (fp32; fp64 for fp64 inputs). Per chunk
        S_c = S (stored),   v' = u - w S^T (stored over u),   S <- exp(G_last) S + v'^T kg:
@@ -92,7 +96,9 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # output launch's programs per "value" head, or per "key" head over its value heads (q k^T formed once for them
 # all); prep_heads: the per-chunk launch's programs likewise ("key": the normalised k tile and k k^T formed once
 # for the key head's value heads; whole key width only, prep_bk 0); t_products: half inputs' products with
-# T = (I + A)^-1 in "tf32" (T in fp32) or in "half" (bf16; fp16, fp32 and fp64 inputs unaffected). The device's
+# T = (I + A)^-1 in "tf32" (T in fp32) or in "half" (bf16; fp16, fp32 and fp64 inputs unaffected); prep_split: the
+# per-chunk launch stores T and the key norms, and a second launch (`_gdn_wu_kernel`, blocks of wu_bw columns over
+# wu_warps warps) forms w, u and kg from them (prep_heads "value" and prep_bk 0 only). The device's
 # values in configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
@@ -100,7 +106,8 @@ CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, 
                                             "prep_warps": 4, "scan_warps": 4, "scan_stages": 2, "out_bv": 128,
                                             "out_warps": 8, "out_stages": 1, "out_bk": 64, "prep_bk": 0,
                                             "state_tf32": False, "update_keys": "stored", "out_heads": "key",
-                                            "prep_heads": "value", "t_products": "tf32"})
+                                            "prep_heads": "value", "t_products": "tf32", "prep_split": False,
+                                            "wu_bw": 64, "wu_warps": 4})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
 HEADS = ("value", "key")
@@ -159,14 +166,24 @@ def _locate_seq(c, qsl_ptr, s_qsl, S, CH: tl.constexpr, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _load_qk(ptr, tok, hk, valid, kcol, km, s0, s1, s2, scale, ACC: tl.constexpr, L2NORM: tl.constexpr):
+def _load_qk_norms(ptr, tok, hk, valid, kcol, km, s0, s1, s2, scale, ACC: tl.constexpr, L2NORM: tl.constexpr):
     """A (CH, BK) tile of q or k rows `tok` of key head hk in the compute dtype (zeros off `valid`),
-    l2-normalised over K if L2NORM, times `scale`."""
+    l2-normalised over K if L2NORM, times `scale`; and the rows' norms sqrt(sum of squares + eps) it was divided
+    by (ones without L2NORM)."""
     x = tl.load(ptr + tok[:, None] * s0 + hk * s1 + kcol[None, :] * s2, mask=valid[:, None] & km[None, :],
                 other=0.0).to(ACC)
+    nrm = tl.full(tok.shape, 1.0, ACC)
     if L2NORM:
-        x = x / tl.sqrt(tl.sum(x * x, 1) + _L2EPS)[:, None]
-    return x * scale
+        nrm = tl.sqrt(tl.sum(x * x, 1) + _L2EPS)
+        x = x / nrm[:, None]
+    return x * scale, nrm
+
+
+@triton.jit
+def _load_qk(ptr, tok, hk, valid, kcol, km, s0, s1, s2, scale, ACC: tl.constexpr, L2NORM: tl.constexpr):
+    """`_load_qk_norms`' tile alone."""
+    x, _ = _load_qk_norms(ptr, tok, hk, valid, kcol, km, s0, s1, s2, scale, ACC, L2NORM)
+    return x
 
 
 @triton.jit
@@ -243,17 +260,23 @@ def _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, 
 
 
 @triton.jit
+def _prep_u_block(X, bt, v_ptr, u_ptr, tok, h, valid, vcol, V, sv0, sv1, sv2, su0, su1, ACC: tl.constexpr,
+                  TPREC: tl.constexpr):
+    """Value columns vcol of u = T (beta v) of one chunk and value head (X = T, in the dtype the products take:
+    the operand is cast to it)."""
+    m2 = valid[:, None] & (vcol < V)[None, :]
+    vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
+    u = tl.dot(X, (bt[:, None] * vt).to(X.dtype), input_precision=TPREC, out_dtype=ACC)
+    tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV: tl.constexpr, ACC: tl.constexpr,
             TPREC: tl.constexpr):
-    """u = T (beta v) of one chunk and value head, BV value columns at a time (X = T, in the dtype the products
-    take: the operand is cast to it)."""
+    """u = T (beta v) of one chunk and value head, BV value columns at a time."""
     for v0 in range(0, V, BV):
-        vcol = v0 + tl.arange(0, BV)
-        vm = vcol < V
-        m2 = valid[:, None] & vm[None, :]
-        vt = tl.load(v_ptr + tok[:, None] * sv0 + h * sv1 + vcol[None, :] * sv2, mask=m2, other=0.0).to(ACC)
-        u = tl.dot(X, (bt[:, None] * vt).to(X.dtype), input_precision=TPREC, out_dtype=ACC)
-        tl.store(u_ptr + tok[:, None] * su0 + h * su1 + vcol[None, :], u.to(u_ptr.dtype.element_ty), mask=m2)
+        _prep_u_block(X, bt, v_ptr, u_ptr, tok, h, valid, v0 + tl.arange(0, BV), V, sv0, sv1, sv2, su0, su1, ACC,
+                      TPREC)
 
 
 @triton.jit
@@ -323,21 +346,23 @@ def _gdn_prep_blocked(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, a_ptr, kg
 
 
 @triton.jit
-def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr,
-                     S, HPK, K, V, scale_hi, scale_lo,
+def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a_ptr, kg_ptr, gc_ptr, t_ptr,
+                     sn_ptr, S, HPK, K, V, scale_hi, scale_lo,
                      sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1, s_qsl,
-                     sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1,
+                     sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1, st0, st1, ssn0, ssn1,
                      CH: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, BLOCK_S: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr,
                      DOT: tl.constexpr, PREC: tl.constexpr, TPREC: tl.constexpr, STORE_AQK: tl.constexpr,
                      STORE_KG: tl.constexpr, KB: tl.constexpr, WIDE: tl.constexpr, SHARED: tl.constexpr,
-                     TD: tl.constexpr):
+                     TD: tl.constexpr, SPLIT: tl.constexpr):
     """w, u, G and Aqk (STORE_AQK: the "scan" pipeline) or kg (STORE_KG: the "parallel" one with update_keys
     "stored") of one chunk and value head. KB = BK: the whole (C, K) tile of k normalised in registers.
     KB < BK: the key dimension in blocks of KB columns (passes over k (and q): the (C, C) products with the
     rows' sums of squares, then w and kg; the l2 normalisation is a row (and column) factor of the products,
     applied after them). SHARED (prep_heads "key", whole width only): the program serves the HPK value heads of
-    key head program_id(1): the normalised k tile and k k^T (and q k^T) formed once for them all."""
+    key head program_id(1): the normalised k tile and k k^T (and q k^T) formed once for them all. SPLIT
+    (prep_split, whole width per value head only): T (in its product dtype) and the key rows' norms are stored
+    instead of w, u and kg, which `_gdn_wu_kernel` forms from them in programs of their own."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
@@ -386,7 +411,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
                               sb1, sw0, sw1, su0, su1, sa0, sa1, skg0, skg1, sgc0, sgc1, CH, SUB, LOG2NB, KB, BV,
                               L2NORM, ACC, DOT, PREC, TPREC, STORE_AQK, STORE_KG, WIDE, TD)
             return
-        kt = _load_qk(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)  # normalised
+        kt, nrm = _load_qk_norms(k_ptr, tok, hk, valid, kcol, km, sk0, sk1, sk2, 1.0, ACC, L2NORM)  # normalised
         rk = tl.full((CH,), 1.0, ACC)
         bt, G, dec = _prep_decays(g_ptr, b_ptr, gc_ptr, tok, h, valid, rows, sg0, sg1, sb0, sb1, sgc0, sgc1, ACC)
         kd = kt.to(DOT)
@@ -398,10 +423,51 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, w_ptr, u_ptr, a
             qk = tl.dot(qt.to(DOT), tl.trans(kd), input_precision=PREC, out_dtype=ACC) * dec
             tl.store(a_ptr + tok[:, None] * sa0 + h * sa1 + rows[None, :], qk.to(a_ptr.dtype.element_ty),
                      mask=valid[:, None])
-        g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
-        _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kcol, km, sw0, sw1, skg0, skg1, ACC, TPREC,
-                   STORE_KG)
-        _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
+        if SPLIT:
+            tl.store(t_ptr + c * st0 + h * st1 + (rows[:, None] * CH + rows[None, :]), X)
+            if L2NORM:
+                tl.store(sn_ptr + tok * ssn0 + h * ssn1, nrm.to(sn_ptr.dtype.element_ty), mask=valid)
+        else:
+            g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+            _prep_w_kg(X, kt, rk, bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kcol, km, sw0, sw1, skg0, skg1, ACC,
+                       TPREC, STORE_KG)
+            _prep_u(X, bt, v_ptr, u_ptr, tok, h, valid, V, sv0, sv1, sv2, su0, su1, BV, ACC, TPREC)
+
+
+@triton.jit
+def _gdn_wu_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, t_ptr, sn_ptr, qsl_ptr, w_ptr, u_ptr, kg_ptr,
+                   S, HPK, K, V, sk0, sk1, sk2, sv0, sv1, sv2, sb0, sb1, sgc0, sgc1, st0, st1, ssn0, ssn1, s_qsl,
+                   sw0, sw1, su0, su1, skg0, skg1,
+                   CH: tl.constexpr, BW: tl.constexpr, NBK: tl.constexpr, BLOCK_S: tl.constexpr,
+                   L2NORM: tl.constexpr, ACC: tl.constexpr, TPREC: tl.constexpr, STORE_KG: tl.constexpr):
+    """prep_split's second launch, one program per (block of BW columns, chunk slot, value head): the key
+    columns of w and kg (blocks below NBK) or the value columns of u (the rest), from the T and key norms the
+    per-chunk launch stored, as `_gdn_prep_kernel` forms them after its inverse (the same operations on the same
+    values). The column block is the fastest grid axis, so a chunk's programs read its T together."""
+    blk = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    start, n = _locate(c, qsl_ptr, s_qsl, S, CH, BLOCK_S)
+    if n > 0:
+        rows = tl.arange(0, CH)
+        valid = rows < n
+        tok = start + rows.to(tl.int64)
+        X = tl.load(t_ptr + c * st0 + h * st1 + (rows[:, None] * CH + rows[None, :]))
+        bt = tl.load(b_ptr + tok * sb0 + h * sb1, mask=valid, other=0.0).to(ACC)
+        if blk < NBK:
+            G = tl.load(gc_ptr + tok * sgc0 + h * sgc1, mask=valid, other=0.0).to(ACC)
+            g_last = tl.sum(tl.where(rows == n - 1, G, 0.0), 0)
+            kc = blk * BW + tl.arange(0, BW)
+            km = kc < K
+            kt = tl.load(k_ptr + tok[:, None] * sk0 + (h // HPK) * sk1 + kc[None, :] * sk2,
+                         mask=valid[:, None] & km[None, :], other=0.0).to(ACC)
+            if L2NORM:
+                kt = kt / tl.load(sn_ptr + tok * ssn0 + h * ssn1, mask=valid, other=1.0).to(ACC)[:, None]
+            _prep_w_kg(X, kt, tl.full((CH,), 1.0, ACC), bt, G, g_last, w_ptr, kg_ptr, tok, h, valid, kc, km, sw0,
+                       sw1, skg0, skg1, ACC, TPREC, STORE_KG)
+        else:
+            _prep_u_block(X, bt, v_ptr, u_ptr, tok, h, valid, (blk - NBK) * BW + tl.arange(0, BW), V, sv0, sv1, sv2,
+                          su0, su1, ACC, TPREC)
 
 
 @triton.jit
@@ -679,6 +745,9 @@ def _dot_types(dtype: torch.dtype, state_tf32: bool):
     return tl.float32, half, "ieee", half, "ieee", "tf32"
 
 
+_TORCH = {tl.float64: torch.float64, tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}
+
+
 def _pow2(n: int, name: str) -> int:
     n = int(n)
     if n < 16 or n & (n - 1):
@@ -715,7 +784,14 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     prep_shared = prep_heads == "key"
     if prep_shared and KBP < BK:
         fail("delta_rule_chunk CONFIG prep_heads", '"value" when prep_bk splits the key width', repr(prep_heads))
+    split = CONFIG["prep_split"]
+    if split not in (True, False):
+        fail("delta_rule_chunk CONFIG prep_split", "True or False", repr(split))
+    if split and (prep_shared or KBP < BK):
+        fail("delta_rule_chunk CONFIG prep_split", 'False unless prep_heads is "value" and prep_bk 0',
+             repr(split))
     VP = max(16, next_power_of_2(V))
+    BW = min(_pow2(CONFIG["wu_bw"], "wu_bw"), max(BK, VP)) if split else 0  # prep_split's column blocks
     BVP = min(VP, 64)  # value columns per step of the prep's u = T (beta v)
     BVS, BVO = min(BV, VP), min(BVO, VP)
     BLOCK_S = min(1024, max(16, next_power_of_2(S)))
@@ -736,6 +812,11 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     else:
         aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
         kg = dummy(aqk)
+    if split:  # T per chunk slot and value head in its product dtype; the key rows' norms
+        tm = torch.empty((NC, Hv, CH, CH), dtype=_TORCH[TD], device=dev)
+        sn = torch.empty((T, Hv), dtype=cd, device=dev) if use_qk_l2norm else dummy(gc)
+    else:
+        tm, sn = dummy(w), dummy(gc)
     sc = float(K ** -0.5 if scale is None else scale)
     span = CH * max(abs(q.stride(0)), abs(k.stride(0))) + K * max(abs(q.stride(2)), abs(k.stride(2)))
     wide = span >= WIDE_SPAN
@@ -743,15 +824,24 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     hi = has_initial_state.view(torch.uint8)
     with device_guard(v):
         launch(_gdn_prep_kernel, (NC, Hk if prep_shared else Hv),
-            q, k, v, g, beta, query_start_loc, w, u, aqk, kg, gc,
+            q, k, v, g, beta, query_start_loc, w, u, aqk, kg, gc, tm, sn,
             S, Hv // Hk, K, V, sc_hi, sc_lo,
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0), aqk.stride(1), kg.stride(0),
-            kg.stride(1), *gc.stride(),
+            kg.stride(1), *gc.stride(), tm.stride(0), tm.stride(1), *sn.stride(),
             CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
             L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, TD=TD,
+            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, TD=TD, SPLIT=split,
             num_warps=int(CONFIG["prep_warps"]))
+        if split:
+            nbk = cdiv(K, BW)
+            launch(_gdn_wu_kernel, (nbk + cdiv(V, BW), NC, Hv),
+                k, v, beta, gc, tm, sn, query_start_loc, w, u, kg,
+                S, Hv // Hk, K, V, *k.stride(), *v.stride(), *beta.stride(), *gc.stride(), tm.stride(0), tm.stride(1),
+                *sn.stride(), query_start_loc.stride(0), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+                kg.stride(0), kg.stride(1),
+                CH=CH, BW=BW, NBK=nbk, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, TPREC=TPREC,
+                STORE_KG=parallel and not rows, num_warps=int(CONFIG["wu_warps"]))
         if not parallel:
             launch(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
                 q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
