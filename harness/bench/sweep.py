@@ -69,6 +69,12 @@ def _layout(name):
 # against the fused launch's 254 (3 programs per SM instead of 2), the second 78 (blocks of 64) or 147 (128)
 _SPLIT_PREP = [{"prep_split": True}, {"prep_split": True, "t_products": "half"}, {"prep_split": True, "wu_bw": 128},
                {"prep_split": True, "wu_warps": 8}, {"prep_split": True, "prep_warps": 8}]
+# The GDN recurrence holding S^T (K, BV) (state_major "key"): offline for sm_90 at the bench shape both of its
+# products compile to warpgroup MMAs (the value-major tile's update v'^T kg, BV = 32 rows, to mma.sync),
+# 168 registers at 32 value rows over 4 warps (107 at 16; 64 rows spill at 4 warps)
+_KEY_MAJOR = _rows(("state_major", "update_keys", "bv", "scan_warps", "scan_stages"), [
+    ("key", "stored", 32, 4, 2), ("key", "stored", 32, 4, 3), ("key", "stored", 16, 4, 2), ("key", "rows", 32, 4, 2),
+    ("key", "stored", 64, 8, 2)])
 _SCAN_STAGE = ("block_m", "block_k", "heads", "num_warps", "num_stages", "maxnreg", "early_epilogue")
 _STATE_STAGE = ("block_p", "block_n", "block_k", "heads", "num_warps", "num_stages", "maxnreg")
 # (value rows, warps) of the decode update with at most 64 state values a thread (K 128), tried first
@@ -138,10 +144,12 @@ SWEEPS: dict[str, list[SweepGroup]] = {
         # First the layouts of fla-core's recurrence, the fastest measured beside ours: the update's decays on
         # the rows of v' with k loaded in the recurrence (update_keys "rows": no kg scratch written by the
         # per-chunk launch and read back), 32 or 64 value rows over 2 or 4 warps, 2 or 3 stages; then the
-        # stored keys from the fewest registers (16 rows at 4 warps) up.
-        SweepGroup("scan", "delta_rule_chunk", _first(_rows(("update_keys", "bv", "scan_warps", "scan_stages"), [
-            ("rows", 64, 4, 2), ("rows", 32, 4, 2), ("rows", 64, 2, 2), ("rows", 64, 4, 3), ("rows", 32, 2, 2),
-            ("rows", 32, 4, 3)]) + _rows(("bv", "scan_warps", "scan_stages"), [(64, 4, 2), (64, 4, 3), (16, 4, 2)]),
+        # stored keys from the fewest registers (16 rows at 4 warps) up. Leading them, the key-major state tile
+        # (`_KEY_MAJOR`).
+        SweepGroup("scan", "delta_rule_chunk", _first(_KEY_MAJOR + _rows(
+            ("update_keys", "bv", "scan_warps", "scan_stages"), [
+                ("rows", 64, 4, 2), ("rows", 32, 4, 2), ("rows", 64, 2, 2), ("rows", 64, 4, 3), ("rows", 32, 2, 2),
+                ("rows", 32, 4, 3)]) + _rows(("bv", "scan_warps", "scan_stages"), [(64, 4, 2), (64, 4, 3), (16, 4, 2)]),
             _rows(("bv", "scan_warps", "scan_stages"), [
                 (16, 4, 2), (16, 4, 1), (32, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1), (32, 4, 3), (16, 2, 2),
                 (16, 4, 3), (64, 8, 2), (64, 8, 3), (16, 1, 2), (16, 2, 3)])

@@ -422,11 +422,29 @@ def test_split_prep_matches_the_fused_launch(impl, device, dtype, l2norm, output
         assert_bitwise_equal("outputs, split vs fused per-chunk launch", y2, y)
 
 
+@pytest.mark.parametrize("keys", ["stored", "rows"])
+@L2NORM_CASES
+def test_key_major_state_tile_agrees(impl, device, dtype, l2norm, keys):
+    """CONFIG["state_major"] "key": the parallel recurrence holds S^T (K, BV) instead of S (BV, K) and forms
+    the update as k^T v' (the same sums in another product shape): outputs and final states equal those of the
+    value-major tile to rounding, with either state-update key operand, over two blocks of value rows (V = 20
+    in blocks of bv 16: the last partial)."""
+    M = _kernel(impl, dtype)
+    lengths, slots, init = (3, 2 * 16 + 5, 0, 9), (2, PAD, 1, 3), (True, True, True, False)
+    args, _ = _case(lengths, device, dtype, Hk=1, Hv=2, K=40, V=20, slots=slots, init=init, l2norm=l2norm, seed=43)
+    args2 = [a.clone() for a in args]
+    base = {"chunk": 16, "bv": 16, "update_keys": keys}
+    with mock.patch.dict(M.CONFIG, base):
+        y = impl.op(OP)(*args, use_qk_l2norm=l2norm)
+    _rerun_agrees(impl, M, {**base, "state_major": "key"}, args2, y, args[5], l2norm, "key- vs value-major state")
+
+
 @pytest.mark.parametrize("cfg, expected", [
     ({"prep_split": True, "prep_heads": "key"}, 'False unless prep_heads is "value" and prep_bk 0'),
     ({"prep_split": True, "prep_bk": 16}, 'False unless prep_heads is "value" and prep_bk 0'),
     ({"prep_split": "yes"}, "True or False"),
-    ({"prep_split": True, "wu_bw": 24}, "a power of two >= 16")])
+    ({"prep_split": True, "wu_bw": 24}, "a power of two >= 16"),
+    ({"state_major": "rows"}, "one of ('value', 'key')")])
 def test_split_prep_bad_settings_are_refused(impl, device, cfg, expected):
     """prep_split with a per-key-head or key-blocked per-chunk launch (which it does not take), a flag that is not
     a bool, or a column block that is not a power of two: an error naming the setting, before any launch."""
@@ -437,13 +455,13 @@ def test_split_prep_bad_settings_are_refused(impl, device, cfg, expected):
 
 
 @pytest.mark.parametrize("knobs", [{}, {"update_keys": "rows"}, {"t_products": "half"}, {"prep_split": True},
-                                   {"prep_split": True, "t_products": "half"}],
-                         ids=["default", "rows", "half-T-products", "split-prep", "split-prep-half-T"])
+                                   {"prep_split": True, "t_products": "half"}, {"state_major": "key"}],
+                         ids=["default", "rows", "half-T-products", "split-prep", "split-prep-half-T", "key-major"])
 def test_large_batch_on_gpu(impl, device, check, knobs):
     """GPU only (too slow for the interpreter): bf16 activations at the layer's head size (K = V = 128),
     Hv = 2 Hk, a long request of many 64-token chunks among short ones, every launch default (and with two sweep
     candidates: the state update's keys on the rows of v'; T's products with the keys and values in bf16; the
-    per-chunk launch split in two, T stored in fp32 and in bf16)."""
+    per-chunk launch split in two, T stored in fp32 and in bf16; the recurrence's state tile key-major)."""
     if device.startswith("cpu"):
         pytest.skip("a GPU case: thousands of tokens at K = V = 128 are too slow for the Triton interpreter")
     M = _kernel(impl, torch.bfloat16)

@@ -98,7 +98,8 @@ __all__ = ["gated_delta_rule_varlen", "CONFIG"]
 # for the key head's value heads; whole key width only, prep_bk 0); t_products: half inputs' products with
 # T = (I + A)^-1 in "tf32" (T in fp32) or in "half" (bf16; fp16, fp32 and fp64 inputs unaffected); prep_split: the
 # per-chunk launch stores T and the key norms, and a second launch (`_gdn_wu_kernel`, blocks of wu_bw columns over
-# wu_warps warps) forms w, u and kg from them (prep_heads "value" and prep_bk 0 only). The device's
+# wu_warps warps) forms w, u and kg from them (prep_heads "value" and prep_bk 0 only); state_major: the parallel
+# recurrence holds its state tile as S (BV, K), "value", or as S^T (K, BV), "key". The device's
 # values in configs/<device>/delta_rule_chunk.json. Sweep candidates (harness.bench.sweep) lead with the settings of
 # fewest registers: chunk 32 for all three parallel launches; at chunk 64, key blocks of 32 over 8 warps in the
 # per-chunk and output launches.
@@ -107,13 +108,13 @@ CONFIG = launch_config("delta_rule_chunk", {"outputs": "parallel", "chunk": 64, 
                                             "out_warps": 8, "out_stages": 1, "out_bk": 64, "prep_bk": 0,
                                             "state_tf32": False, "update_keys": "stored", "out_heads": "key",
                                             "prep_heads": "value", "t_products": "tf32", "prep_split": False,
-                                            "wu_bw": 64, "wu_warps": 4})
+                                            "wu_bw": 64, "wu_warps": 4, "state_major": "value"})
 OUTPUTS = ("parallel", "scan")
 UPDATE_KEYS = ("stored", "rows")
 HEADS = ("value", "key")
 T_PRODUCTS = ("tf32", "half")
 CHOICES = {"outputs": OUTPUTS, "update_keys": UPDATE_KEYS, "out_heads": HEADS, "prep_heads": HEADS,
-           "t_products": T_PRODUCTS}  # checked per call
+           "t_products": T_PRODUCTS, "state_major": HEADS}  # checked per call
 # a chunk's q / k tile offsets (from its first row) are 32-bit below this many elements, 64-bit from it
 WIDE_SPAN = 2 ** 31
 _L2EPS = tl.constexpr(L2NORM_EPS)
@@ -471,13 +472,19 @@ def _gdn_wu_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, t_ptr, sn_ptr, qsl_ptr, w_ptr, u
 
 
 @triton.jit
-def _update_rows(st, vn, kt, rk, G, g_last, valid, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+def _update_rows(st, vn, kt, rk, G, g_last, valid, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+                 KMAJOR: tl.constexpr = False):
     """update_keys "rows": exp(G_last) S + (v' r)^T k, the per-row factors r = exp(G_last - G) rk (rk: the key
     rows' inverse norms) scaling the (CH, BV) rows of v' instead of the (CH, K) rows of k; exact zeros past the
-    chunk's end (the exponent is masked, not the result)."""
+    chunk's end (the exponent is masked, not the result). KMAJOR: the state tile is S^T (K, BV), updated by
+    k^T (v' r)."""
     r = tl.exp(tl.where(valid, g_last - G, float("-inf"))) * rk
     vr = (vn * r[:, None]).to(DOT)
-    return st * tl.exp(g_last) + tl.dot(tl.trans(vr), kt.to(DOT), input_precision=PREC, out_dtype=ACC)
+    if KMAJOR:
+        upd = tl.dot(tl.trans(kt.to(DOT)), vr, input_precision=PREC, out_dtype=ACC)
+    else:
+        upd = tl.dot(tl.trans(vr), kt.to(DOT), input_precision=PREC, out_dtype=ACC)
+    return st * tl.exp(g_last) + upd
 
 
 @triton.jit
@@ -557,10 +564,13 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_p
                       ss0, ss1, ss2, ss3, s_qsl, s_idx, s_hi,
                       CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BLOCK_S: tl.constexpr,
                       ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SDOT: tl.constexpr,
-                      SPREC: tl.constexpr, ROWS: tl.constexpr, L2NORM: tl.constexpr, WIDE: tl.constexpr):
+                      SPREC: tl.constexpr, ROWS: tl.constexpr, L2NORM: tl.constexpr, WIDE: tl.constexpr,
+                      KMAJOR: tl.constexpr):
     """The state recurrence of one (sequence, value head, BV value rows): per chunk S_c -> hs, v' -> u. The
     update's keys: kg as stored, or (ROWS) the chunk's k tile of key head h // HPK as stored, its rows'
-    inverse norms (L2NORM) and decays scaling the rows of v' (`_update_rows`)."""
+    inverse norms (L2NORM) and decays scaling the rows of v' (`_update_rows`). KMAJOR (state_major "key"): the
+    tile held is S^T (K, BV), so the update's product k^T v' has the key width as its rows (K = 128: a shape
+    Hopper's warpgroup MMA takes) instead of BV; hs and the pool keep their value-major layout."""
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -574,6 +584,11 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_p
         kcol, km, vrow, vm, sptr, smask, st = _state_tile(st_ptr, slot, h, vb, use, K, V, ss0, ss1, ss2, ss3, BK,
                                                           BV, ACC)
         hptr = hs_ptr + h * sh1 + vrow[:, None].to(tl.int64) * sh2 + kcol[None, :]
+        hmask = smask
+        if KMAJOR:  # S^T (BK, BV) held; S_c stored through transposed pointers
+            st = tl.trans(st)
+            hptr = hs_ptr + h * sh1 + vrow[None, :].to(tl.int64) * sh2 + kcol[:, None]
+            hmask = km[:, None] & vm[None, :]
         c = _chunks_before(s, qsl_ptr, s_qsl, CH, BLOCK_S)
         for t0 in range(q0, q1, CH):
             n = tl.minimum(q1 - t0, CH)
@@ -581,12 +596,15 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_p
             tok = t0 + rows.to(tl.int64)
             m2 = valid[:, None] & vm[None, :]
             mk = valid[:, None] & km[None, :]
-            tl.store(hptr + c * sh0, st.to(hs_ptr.dtype.element_ty), mask=smask)
+            tl.store(hptr + c * sh0, st.to(hs_ptr.dtype.element_ty), mask=hmask)
             g_last = tl.load(gc_ptr + (t0 + n - 1) * sgc0 + h * sgc1).to(ACC)
             wt = tl.load(w_ptr + tok[:, None] * sw0 + h * sw1 + kcol[None, :], mask=mk, other=0.0)
             uptr = u_ptr + tok[:, None] * su0 + h * su1 + vrow[None, :]
             ut = tl.load(uptr, mask=m2, other=0.0).to(ACC)
-            vn = ut - tl.dot(wt.to(SDOT), tl.trans(st.to(SDOT)), input_precision=SPREC, out_dtype=ACC)  # (CH, BV)
+            if KMAJOR:
+                vn = ut - tl.dot(wt.to(SDOT), st.to(SDOT), input_precision=SPREC, out_dtype=ACC)  # (CH, BV)
+            else:
+                vn = ut - tl.dot(wt.to(SDOT), tl.trans(st.to(SDOT)), input_precision=SPREC, out_dtype=ACC)
             vd = vn.to(DOT)
             tl.store(uptr, vd.to(u_ptr.dtype.element_ty), mask=m2)
             if ROWS:
@@ -596,11 +614,18 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_p
                 if L2NORM:
                     kf = kb.to(ACC)
                     ssk = tl.sum(kf * kf, 1)
-                st = _update_rows(st, vn, kb, _inv_norms(ssk, L2NORM), G, g_last, valid, ACC, DOT, PREC)
+                st = _update_rows(st, vn, kb, _inv_norms(ssk, L2NORM), G, g_last, valid, ACC, DOT, PREC, KMAJOR)
             else:
                 kgt = tl.load(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], mask=mk, other=0.0)
-                st = st * tl.exp(g_last) + tl.dot(tl.trans(vd), kgt.to(DOT), input_precision=PREC, out_dtype=ACC)
+                if KMAJOR:
+                    st = st * tl.exp(g_last) + tl.dot(tl.trans(kgt.to(DOT)), vd, input_precision=PREC,
+                                                      out_dtype=ACC)
+                else:
+                    st = st * tl.exp(g_last) + tl.dot(tl.trans(vd), kgt.to(DOT), input_precision=PREC,
+                                                      out_dtype=ACC)
             c += 1
+        if KMAJOR:
+            st = tl.trans(st)
         tl.store(sptr, st.to(st_ptr.dtype.element_ty), mask=smask)
 
 
@@ -860,8 +885,8 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
             cache_indices.stride(0), hi.stride(0),
             CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
             # L2NORM and WIDE only matter to the "rows" keys: fixed otherwise (one specialisation, not four)
-            ROWS=rows, L2NORM=rows and bool(use_qk_l2norm), WIDE=rows and wide, num_warps=int(CONFIG["scan_warps"]),
-            num_stages=int(CONFIG["scan_stages"]))
+            ROWS=rows, L2NORM=rows and bool(use_qk_l2norm), WIDE=rows and wide, KMAJOR=CONFIG["state_major"] == "key",
+            num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
         shared = out_heads == "key"
         launch(_gdn_out_kernel, (NC, Hk if shared else Hv, cdiv(V, BVO)),
             q, k, u, gc, hs, o, query_start_loc, cache_indices,
