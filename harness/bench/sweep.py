@@ -254,9 +254,11 @@ SWEEPS: dict[str, list[SweepGroup]] = {
             (16, 32, 4, 2, 4), (32, 32, 4, 2, 4), (32, 64, 4, 2, 4), (32, 32, 4, 2, 8), (64, 64, 4, 2, 8),
             (64, 32, 8, 2, 8), (64, 32, 4, 3, 8), (64, 16, 4, 2, 8), (64, 32, 4, 2, 4)])),
         # the per-chunk stage: T's and Qk's products in bf16 first (as fla-core takes its solve's output), then
+        # key blocks (prep_bk: offline for sm_90 at 8 warps the whole width takes 255 registers and spills 120
+        # bytes; blocks of 32 channels 252 and no spill, 32 with 32 value channels per step 237, 16 232), then
         # warps, value channels per step of u / Qk u
-        SweepGroup("prep", "kda_chunk", _first([{"t_products": "half"}],
-                                               _grid(prep_warps=(8, 4, 16), prep_bv=(64, 32, 128)))),
+        SweepGroup("prep", "kda_chunk", _first([{"t_products": "half"}] + _rows(("prep_bk", "prep_bv"), [
+            (32, 64), (32, 32), (16, 64)]), _grid(prep_warps=(8, 4, 16), prep_bv=(64, 32, 128)))),
     ],
 }
 

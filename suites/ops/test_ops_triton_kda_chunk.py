@@ -215,6 +215,7 @@ VARIANTS = {
     "bt64": {"bt": 64, "bv": 64},
     "bv16": {"bv": 16, "scan_stages": 1},
     "prep_bv16": {"prep_bv": 16, "bv": 64},
+    "prep_bk8": {"prep_bk": 16},  # K = 8 < 16: one block, the two-pass form
 }
 
 
@@ -226,6 +227,28 @@ def test_launch_variants(device, check, over):
     kc = _module(device)
     with mock.patch.dict(kc.CONFIG, over):
         _run(check, device, torch.float32, [3, 70], V=20, seed=4)
+
+
+BLOCKED = {"typical": ("typical", True, [3, 70]), "strong30-exact": ("strong30", True, [9, 23]),
+           "banded-no-l2norm": ("banded", False, [45, 7])}
+
+
+@pytest.mark.parametrize("case", list(BLOCKED.values()), ids=list(BLOCKED))
+@pytest.mark.parametrize("kb", [16, 32])
+def test_key_blocked_per_chunk_stage(device, check, kb, case):
+    """CONFIG["prep_bk"] (a sweep candidate: fewer live registers): the per-chunk stage over key blocks of 16 or
+    32 channels of K = 40 (the last block partial), Qk and k k accumulated over the blocks with the l2
+    normalisation and the scale applied after, each block taking the fast or the exact path by its own spread
+    (decays typical, strong: every chunk exact, banded: one 16-token chunk exact), matches the oracle, and the
+    whole-width stage to rounding."""
+    decay, l2norm, lengths = case
+    kc = _module(device)
+    with mock.patch.dict(kc.CONFIG, {"prep_bk": kb, "bt": 16}):
+        args, y = _run(check, device, torch.float32, lengths, K=40, V=20, decay=decay, l2norm=l2norm, seed=8)
+    fresh, _ = _case(device, torch.float32, lengths, K=40, V=20, decay=decay, l2norm=l2norm, seed=8)
+    with mock.patch.dict(kc.CONFIG, {"bt": 16}):
+        y0 = _impl().op(OP)(*fresh, use_qk_l2norm=l2norm)
+    assert torch.allclose(y, y0, rtol=1e-4, atol=1e-5), f"outputs, key-blocked vs whole width: {(y - y0).abs().max()}"
 
 
 def test_half_t_products(device, check):

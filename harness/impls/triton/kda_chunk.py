@@ -62,12 +62,13 @@ __all__ = ["kda_varlen", "CONFIG"]
 # of the per-chunk stage's u / Qk u, prep_warps / scan_warps / scan_stages: the launches' num_warps and the
 # scan's load pipelining, fast_thr: the split-factor bound of the fast intra-chunk path (log2 units; below 0:
 # always the exact path), t_products: bf16 inputs' products with T, Qk w and Qk u in "tf32" (T and Qk in fp32)
-# or in "half" (bf16, as fla-core stores its solve's output; fp16 and fp32 / fp64 inputs are unaffected). The
-# device's values in configs/<device>/kda_chunk.json.
+# or in "half" (bf16, as fla-core stores its solve's output; fp16 and fp32 / fp64 inputs are unaffected), prep_bk:
+# key channels per block of the per-chunk stage (0: the whole width at once; 16, 32 or 64: two passes over the
+# blocks, `_kda_prep_blocked`). The device's values in configs/<device>/kda_chunk.json.
 # Sweep candidates lead with the settings of fewest registers: bt 16 (both launches), or bt 32 with bv 16 over 8
 # scan warps (the scan).
 CONFIG = launch_config("kda_chunk", {"bt": 64, "bv": 32, "prep_bv": 64, "prep_warps": 8, "scan_warps": 4,
-                                     "scan_stages": 2, "fast_thr": 96.0, "t_products": "tf32"})
+                                     "scan_stages": 2, "fast_thr": 96.0, "t_products": "tf32", "prep_bk": 0})
 T_PRODUCTS = _gdn.T_PRODUCTS  # the Gated DeltaNet prefill's choices, the same meaning
 
 
@@ -85,7 +86,7 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
                      BT: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      BLOCK_S: tl.constexpr, CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
                      TDOT: tl.constexpr, TPREC: tl.constexpr, L2NORM: tl.constexpr, SCALE_T: tl.constexpr,
-                     FAST_THR: tl.constexpr, WIDE: tl.constexpr):
+                     FAST_THR: tl.constexpr, WIDE: tl.constexpr, KB: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     start, n = _locate(c, qsl_ptr, s_qsl, S, BT, BLOCK_S)
@@ -99,6 +100,13 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
         km = ck < K
         tm = rows < n
         r = _tile_rows(rows, WIDE)  # tile offsets from the chunk's first row (a scalar 64-bit offset)
+        if KB < BK:
+            bt = tl.load(b_ptr + (start * sb0 + h * sb1) + r * sb0, mask=tm, other=0.0).to(CD)
+            _kda_prep_blocked(q_ptr, k_ptr, g_ptr, w_ptr, qp_ptr, kg_ptr, dl_ptr, v_ptr, u_ptr, ou_ptr, c, h, start,
+                              n, r, rows, tm, bt, qscale, K, V, sq0, sq1, sq2, sk0, sk1, sk2, sg0, sg1, sg2, sv0, sv1,
+                              sv2, sw0, sw1, su0, su1, sdl0, sdl1, BT, SUB, LOG2NB, BV, CD, DOT, PREC, TDOT, TPREC,
+                              L2NORM, FAST_THR, KB)
+            return
         m2 = tm[:, None] & km[None, :]
         qv = tl.load(q_ptr + (start * sq0 + h * sq1) + (r[:, None] * sq0 + ck[None, :] * sq2), mask=m2,
                      other=0.0).to(CD)
@@ -154,16 +162,104 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
         tl.store(qp_ptr + kt_off, qp.to(qp_ptr.dtype.element_ty), mask=m2)
         tl.store(kg_ptr + kt_off, kg.to(kg_ptr.dtype.element_ty), mask=m2)
         tl.store(dl_ptr + c * sdl0 + h * sdl1 + ck, tl.exp2(g_last).to(dl_ptr.dtype.element_ty), mask=km)
-        for v0 in range(0, V, BV):
-            vv = v0 + tl.arange(0, BV)
-            mv = tm[:, None] & (vv < V)[None, :]
-            vt = tl.load(v_ptr + (start * sv0 + h * sv1) + (r[:, None] * sv0 + vv[None, :] * sv2), mask=mv,
-                         other=0.0).to(CD)
-            u = _dot(Tm, vt * bt[:, None], TDOT, TPREC, CD)
-            ou = _dot(qk, u, TDOT, TPREC, CD)
-            vt_off = (start * su0 + h * su1) + (r[:, None] * su0 + vv[None, :])
-            tl.store(u_ptr + vt_off, u.to(u_ptr.dtype.element_ty), mask=mv)
-            tl.store(ou_ptr + vt_off, ou.to(ou_ptr.dtype.element_ty), mask=mv)
+        _kda_prep_values(Tm, qk, bt, v_ptr, u_ptr, ou_ptr, start, h, r, tm, V, sv0, sv1, sv2, su0, su1, BV, CD, TDOT,
+                         TPREC)
+
+
+@triton.jit
+def _kda_prep_values(Tm, qk, bt, v_ptr, u_ptr, ou_ptr, start, h, r, tm, V, sv0, sv1, sv2, su0, su1, BV: tl.constexpr,
+                     CD: tl.constexpr, TDOT: tl.constexpr, TPREC: tl.constexpr):
+    """u = T (beta v) and ou = Qk u of one chunk and head, BV value channels at a time."""
+    for v0 in range(0, V, BV):
+        vv = v0 + tl.arange(0, BV)
+        mv = tm[:, None] & (vv < V)[None, :]
+        vt = tl.load(v_ptr + (start * sv0 + h * sv1) + (r[:, None] * sv0 + vv[None, :] * sv2), mask=mv,
+                     other=0.0).to(CD)
+        u = _dot(Tm, vt * bt[:, None], TDOT, TPREC, CD)
+        ou = _dot(qk, u, TDOT, TPREC, CD)
+        vt_off = (start * su0 + h * su1) + (r[:, None] * su0 + vv[None, :])
+        tl.store(u_ptr + vt_off, u.to(u_ptr.dtype.element_ty), mask=mv)
+        tl.store(ou_ptr + vt_off, ou.to(ou_ptr.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _kda_block_loads(q_ptr, k_ptr, g_ptr, start, h, r, tm, ck, km, sq0, sq1, sq2, sk0, sk1, sk2, sg0, sg1, sg2,
+                     CD: tl.constexpr):
+    """Key channels ck of the chunk's q, k (as stored) and G (the cumulative log2-decay from the chunk start)."""
+    m2 = tm[:, None] & km[None, :]
+    qv = tl.load(q_ptr + (start * sq0 + h * sq1) + (r[:, None] * sq0 + ck[None, :] * sq2), mask=m2, other=0.0).to(CD)
+    kv = tl.load(k_ptr + (start * sk0 + h * sk1) + (r[:, None] * sk0 + ck[None, :] * sk2), mask=m2, other=0.0).to(CD)
+    gv = tl.load(g_ptr + (start * sg0 + h * sg1) + (r[:, None] * sg0 + ck[None, :] * sg2), mask=m2, other=0.0).to(CD)
+    return qv, kv, tl.cumsum(gv * 1.4426950408889634, axis=0)
+
+
+@triton.jit
+def _kda_prep_blocked(q_ptr, k_ptr, g_ptr, w_ptr, qp_ptr, kg_ptr, dl_ptr, v_ptr, u_ptr, ou_ptr, c, h, start, n, r,
+                      rows, tm, bt, qscale, K, V, sq0, sq1, sq2, sk0, sk1, sk2, sg0, sg1, sg2, sv0, sv1, sv2, sw0, sw1,
+                      su0, su1, sdl0, sdl1, BT: tl.constexpr, SUB: tl.constexpr, LOG2NB: tl.constexpr,
+                      BV: tl.constexpr, CD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, TDOT: tl.constexpr,
+                      TPREC: tl.constexpr, L2NORM: tl.constexpr, FAST_THR: tl.constexpr, KB: tl.constexpr):
+    """`_kda_prep_kernel`'s chunk with the key channels in blocks of KB (prep_bk): (BT, KB) tiles of q, k and G
+    live at a time. Pass 1 accumulates Qk and A's k k products over the blocks (each block split at its own
+    middle where its spread allows, else exact) and the rows' sums of squares; the l2 normalisation and the
+    scale are row and column factors applied after it. Pass 2 reloads each block for w, q' and kg (exp(G) and
+    exp(G_last - G) formed directly, as the exact path does) and the chunk's decay."""
+    qk = tl.zeros((BT, BT), dtype=CD)
+    kk = tl.zeros((BT, BT), dtype=CD)
+    ssq = tl.zeros((BT,), dtype=CD)
+    ssk = tl.zeros((BT,), dtype=CD)
+    for k0 in range(0, K, KB):
+        ck = k0 + tl.arange(0, KB)
+        km = ck < K
+        qv, kv, G = _kda_block_loads(q_ptr, k_ptr, g_ptr, start, h, r, tm, ck, km, sq0, sq1, sq2, sk0, sk1, sk2,
+                                     sg0, sg1, sg2, CD)
+        if L2NORM:
+            ssq += tl.sum(qv * qv, axis=1)
+            ssk += tl.sum(kv * kv, axis=1)
+        g_mid = tl.sum(tl.where(rows[:, None] == BT // 2 - 1, G, 0.0), axis=0)
+        spread = tl.maximum(tl.max(tl.abs(G - g_mid[None, :])), tl.max(tl.abs(g_mid)))
+        if spread <= FAST_THR:
+            fa = tl.exp2(G - g_mid[None, :])
+            kb = kv * tl.exp2(g_mid[None, :] - G)
+            qk += _dot(qv * fa, tl.trans(kb), DOT, PREC, CD)
+            kk += _dot(kv * fa, tl.trans(kb), DOT, PREC, CD)
+        else:
+            for j in range(BT):
+                sel = rows[:, None] == j
+                kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
+                gj = tl.sum(tl.where(sel, G, 0.0), axis=0)
+                low = (rows >= j)[:, None]
+                kjd = kj[None, :] * tl.where(low, tl.exp2(tl.where(low, G - gj[None, :], 0.0)), 0.0)
+                col = rows[None, :] == j
+                qk = tl.where(col, qk + tl.sum(qv * kjd, axis=1)[:, None], qk)
+                kk = tl.where(col, kk + tl.sum(kv * kjd, axis=1)[:, None], kk)
+    rq = tl.full((BT,), 1.0, CD)
+    rk = tl.full((BT,), 1.0, CD)
+    if L2NORM:
+        rq = 1.0 / tl.sqrt(ssq + 1e-6)
+        rk = 1.0 / tl.sqrt(ssk + 1e-6)
+    rq = rq * qscale
+    qk = tl.where(rows[:, None] >= rows[None, :], qk * rq[:, None] * rk[None, :], 0.0)
+    A = tl.where(rows[:, None] > rows[None, :], kk * (bt * rk)[:, None] * rk[None, :], 0.0)
+    Tm = _unit_lower_inverse(A, rows, n, BT, SUB, LOG2NB, CD, TPREC)
+    for k0 in range(0, K, KB):
+        ck = k0 + tl.arange(0, KB)
+        km = ck < K
+        qv, kv, G = _kda_block_loads(q_ptr, k_ptr, g_ptr, start, h, r, tm, ck, km, sq0, sq1, sq2, sk0, sk1, sk2,
+                                     sg0, sg1, sg2, CD)
+        kv = kv * rk[:, None]
+        g_last = tl.sum(tl.where(rows[:, None] == BT - 1, G, 0.0), axis=0)  # (KB,): flat past the end
+        fa = tl.exp2(G)
+        w = _dot(Tm, kv * fa * bt[:, None], TDOT, TPREC, CD)
+        qp = qv * rq[:, None] * fa - _dot(qk, w, TDOT, TPREC, CD)
+        kt_off = (start * sw0 + h * sw1) + (r[:, None] * sw0 + ck[None, :])
+        m2 = tm[:, None] & km[None, :]
+        tl.store(w_ptr + kt_off, w.to(w_ptr.dtype.element_ty), mask=m2)
+        tl.store(qp_ptr + kt_off, qp.to(qp_ptr.dtype.element_ty), mask=m2)
+        tl.store(kg_ptr + kt_off, (kv * tl.exp2(g_last[None, :] - G)).to(kg_ptr.dtype.element_ty), mask=m2)
+        tl.store(dl_ptr + c * sdl0 + h * sdl1 + ck, tl.exp2(g_last).to(dl_ptr.dtype.element_ty), mask=km)
+    _kda_prep_values(Tm, qk, bt, v_ptr, u_ptr, ou_ptr, start, h, r, tm, V, sv0, sv1, sv2, su0, su1, BV, CD, TDOT,
+                     TPREC)
 
 
 @triton.jit
@@ -277,6 +373,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     VP = max(16, next_power_of_2(V))
     BV = min(_block(CONFIG["bv"], "bv", (16, 32, 64, 128)), VP)
     BVP = min(_block(CONFIG["prep_bv"], "prep_bv", (16, 32, 64, 128)), VP)
+    KB = min(_block(CONFIG["prep_bk"], "prep_bk", (0, 16, 32, 64)) or BK, BK)
     sc = float(K ** -0.5 if scale is None else scale)
     scale_t = cd == torch.float64
     # fp64 runs read the exact scale from a tensor (float arguments arrive as fp32); filled on the device
@@ -301,7 +398,7 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1),
             BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
             DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
-            FAST_THR=float(CONFIG["fast_thr"]), WIDE=wide, num_warps=int(CONFIG["prep_warps"]))
+            FAST_THR=float(CONFIG["fast_thr"]), WIDE=wide, KB=KB, num_warps=int(CONFIG["prep_warps"]))
         launch(_kda_scan_kernel, (S, H, cdiv(V, BV)),
             w, qp, kg, u, ou, dl, o, pool, query_start_loc, cache_indices, has_initial_state,
             K, V, int(pad_slot_id),
