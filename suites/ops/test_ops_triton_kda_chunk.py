@@ -251,6 +251,17 @@ def test_key_blocked_per_chunk_stage(device, check, kb, case):
     assert torch.allclose(y, y0, rtol=1e-4, atol=1e-5), f"outputs, key-blocked vs whole width: {(y - y0).abs().max()}"
 
 
+@pytest.mark.parametrize("kb", [16, 32])
+def test_key_blocked_on_gpu(device, check, kb):
+    """GPU only (the interpreter is too slow at this size): prep_bk at the layer's head size, bf16, K = V = 128
+    over several 64-token chunks, against the oracle at the bf16 tolerance."""
+    if device.startswith("cpu"):
+        pytest.skip("a GPU case: K = V = 128 over hundreds of tokens is too slow for the Triton interpreter")
+    kc = _module(device)
+    with mock.patch.dict(kc.CONFIG, {"prep_bk": kb}):
+        _run(check, device, torch.bfloat16, [3, 200, 64], H=4, K=128, V=128, seed=4)
+
+
 def test_half_t_products(device, check):
     """CONFIG["t_products"] "half" (a sweep candidate): bf16 inputs multiply T and Qk with w, u and the keys in
     bf16 and still match the oracle at the bf16 tolerance, at the layer's head size over several chunks (GPU:
