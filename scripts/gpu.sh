@@ -107,6 +107,9 @@ while [ $# -gt 0 ]; do
 done
 case "$BUDGET" in ''|*[!0-9]*) echo "gpu.sh: --budget: expected whole seconds, got $BUDGET" >&2; exit 2 ;; esac
 case "$WORKERS" in ''|*[!0-9]*) echo "gpu.sh: --workers: expected a whole number, got $WORKERS" >&2; exit 2 ;; esac
+case "${PEERS_GIB-10}" in
+  ''|*[!0-9]*|0) echo "gpu.sh: PEERS_GIB: expected whole GiB >= 1, got '${PEERS_GIB-}'" >&2; exit 2 ;;
+esac
 case "$GPUS" in 1|2) ;; *) echo "gpu.sh: --gpus: expected 1 or 2, got $GPUS" >&2; exit 2 ;; esac
 if [ -n "$RESUME" ] && [ ! -d "$RESUME" ]; then echo "gpu.sh: --resume: expected the logs folder of an earlier run, got $RESUME" >&2; exit 2; fi
 for s in ${FRESH//,/ }; do

@@ -26,6 +26,16 @@ def test_bad_arguments_are_refused_first(args, message):
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "ten", ""])
+def test_a_bad_peers_gib_is_refused_first(value):
+    """PEERS_GIB (GPU memory per worker of the peers and ieee steps) that is not a whole number >= 1 stops the
+    run before anything runs or is removed."""
+    import os
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu.sh")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PEERS_GIB": value})
+    assert r.returncode == 2 and f"PEERS_GIB: expected whole GiB >= 1, got '{value}'" in r.stderr, r.stderr
+
+
 def test_help_names_the_lanes_and_resume():
     r = _gpu_sh("--help")
     assert r.returncode == 0
