@@ -237,9 +237,23 @@ def test_aot_resources_and_op_filter():
     assert lines and all("gated_rms_norm" in ln or "_norm" in ln for ln in lines), lines
     assert all("'reg': " in ln and "'stack': " in ln and "'dyn_shared': " in ln for ln in lines), lines
     assert all(re.search(r" ptx [0-9a-f]{12}$", ln) for ln in lines), lines
+    assert all("'wgmma': 0" in ln and "'mma_sync': 0" in ln for ln in lines), lines  # a norm has no products
     for bad in (["--op", "nosuch"], ["float8"]):
         r = run(*bad)
         assert r.returncode == 2 and "expected" in r.stderr, r.stderr
+
+
+def test_aot_mma_kinds_count_each_instruction_form():
+    """aot.mma_kinds counts Hopper's warpgroup MMAs and warp-level mma.sync in a kernel's PTX (what told the GDN
+    recurrence's value-major state update apart: mma.sync where its other product is a wgmma)."""
+    from types import SimpleNamespace
+
+    from harness.impls.triton import aot
+    ptx = ("\twgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%f1}, %rd1, %rd2, p, 1, 1;\n"
+           "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};\n"
+           "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f3}, {%r3}, {%r4}, {%f4};\n")
+    assert aot.mma_kinds(SimpleNamespace(asm={"ptx": ptx})) == {"wgmma": 1, "mma_sync": 2}
+    assert aot.mma_kinds(SimpleNamespace(asm={"ptx": "\tadd.f32 %f1, %f2, %f3;\n"})) == {"wgmma": 0, "mma_sync": 0}
 
 
 def test_aot_code_digest_ignores_debug_information():

@@ -16,8 +16,9 @@ outputs of the intercepted launches stay uninitialised.
 `--shapes gpu` drives the ops at their spec's "gpu" shapes (the benchmark sizes: the launch configurations
 the H200 runs) instead of the small "aot" ones; `--op` keeps only those ops; `--resources` adds to each line
 what the sm_90 binary needs per thread and block (registers, local memory -- spills and stack --, static and
-dynamic shared memory), read with the cuobjdump Triton ships: a kernel engineer's first look at occupancy and
-spills without a GPU; `--digest` a hash of each variant's PTX without its debug information (`code_digest`):
+dynamic shared memory), read with the cuobjdump Triton ships, and the count of each kind of tensor-core
+instruction in the PTX (`mma_kinds`): a kernel engineer's first look at occupancy, spills and MMA shapes without a
+GPU; `--digest` a hash of each variant's PTX without its debug information (`code_digest`):
 the same hashes before and after a change of the Triton source show that the change left the compiled code
 as it was, which a refactor of a kernel tested on the H200 needs to show without one. Each launch is
 specialised as Triton's JIT specialises it on a GPU (its own binder and argument packing): pointers 16-byte
@@ -53,7 +54,16 @@ def resources(compiled) -> dict:
         m = re.search(rf"\b{key}:(\d+)", text)
         if m:
             out[key.lower()] = int(m.group(1))
+    out.update(mma_kinds(compiled))
     return out
+
+
+def mma_kinds(compiled) -> dict:
+    """The tensor-core instructions of a compiled sm_90 kernel's PTX: Hopper's warpgroup MMAs (`wgmma`) and the
+    older warp-level `mma.sync`. A product Triton cannot give the warpgroup form (an M dimension below 64 rows,
+    say) falls back to mma.sync; in a latency-bound loop that is the first thing to look at."""
+    ptx = compiled.asm["ptx"]
+    return {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync")}
 
 
 def code_digest(compiled) -> str:
