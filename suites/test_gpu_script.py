@@ -12,6 +12,13 @@ def _gpu_sh(*args):
                           text=True, timeout=60)
 
 
+def _shell_function(name: str) -> str:
+    """The definition of gpu.sh's function `name`, from its first line to its closing brace (a newline after)."""
+    src = (ROOT / "scripts" / "gpu.sh").read_text()
+    fn = src[src.index(f"\n{name}() {{") + 1:]
+    return fn[:fn.index("\n}\n") + 2] + "\n"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "3"], "--gpus: expected 1 or 2, got 3"),
     (["--steps", "suites,bogus"],
@@ -54,9 +61,7 @@ def test_fresh_steps_start_over_while_the_others_resume(resume, fresh, expected)
     the step's old files and whether its new records are added to them): the suites, peers, ieee and bench steps
     resume with --resume but those --fresh names; throughput and tp always start over (a resumed throughput
     step once added its first preset's records to the file twice)."""
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-    fn = src[src.index("\nresumes() {") + 1:]
-    fn = fn[:fn.index("\n}\n") + 2]
+    fn = _shell_function("resumes")
     script = (f'RESUME={resume!r}; FRESH={fresh!r}\n{fn}\n'
               'for s in suites peers ieee bench throughput tp; do resumes $s && a=yes || a=no; '
               'printf "%s:%s " $s $a; done')
@@ -80,8 +85,7 @@ def test_resumed_bench_replaces_only_the_records_it_timed_again(tmp_path):
     new.write_text(rec("a", "triton", 9) + "\n")
     src = (ROOT / "scripts" / "gpu.sh").read_text()
     retime = next(ln for ln in src.splitlines() if ln.startswith("retime_ops() "))  # a one-line function
-    drop = src[src.index("\ndrop_retimed() {") + 1:]
-    drop = drop[:drop.index("\n}\n") + 2]  # to the function's closing brace
+    drop = _shell_function("drop_retimed")
     script = f'want() {{ return 1; }}\n{retime}\n{drop}\ndrop_retimed "$1" "$2"'
     r = subprocess.run(["bash", "-c", script, "-", str(old), str(new)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "BENCH_RETIME": "a"})
@@ -113,9 +117,7 @@ def test_faulted_tests_have_their_calls_replayed(tmp_path):
              {"nodeid": "suites/a.py::test_f[x y]", "outcome": "failed", "last_call": desc},
              {"nodeid": "suites/a.py::test_g", "outcome": "failed", "why": "AssertionError"}]
     outcomes.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-    fn = src[src.index("\nreplay_faults() {") + 1:]
-    fn = fn[:fn.index("\n}\n") + 2]
+    fn = _shell_function("replay_faults")
     script = f'left() {{ echo 999; }}\nlimit() {{ echo "$1"; }}\nlog() {{ :; }}\n{fn}\nreplay_faults "$1" "$2"'
     r = subprocess.run(["bash", "-c", script, "-", str(outcomes), str(log)], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"],
@@ -130,9 +132,7 @@ def test_autotune_results_are_kept_and_nothing_else(tmp_path):
     """`keep_tuned FROM TO` (Triton's autotune results kept between runs in .peers/autotune/): every
     `*.autotune.json` under FROM lands in TO at the same relative path, compiled kernels do not, files already
     in TO stay, and a missing FROM is no error."""
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-    fn = src[src.index("\nkeep_tuned() {") + 1:]
-    fn = fn[:fn.index("\n}\n") + 2]
+    fn = _shell_function("keep_tuned")
     cache, kept = tmp_path / "cache", tmp_path / "kept"
     (cache / "ABC").mkdir(parents=True)
     (cache / "ABC" / "chunk_fwd_kernel.autotune.json").write_text('{"key": [1]}')
@@ -158,9 +158,7 @@ def test_a_cut_step_records_its_running_tests_before_they_are_placed(tmp_path):
     outcomes = tmp_path / "outcomes-peers.jsonl"
     outcomes.write_text(json.dumps({"nodeid": "a.py::t0", "when": "call", "outcome": "passed"}) + "\n")
     (tmp_path / "outcomes-peers.jsonl.running").write_text(json.dumps({"a.py::slow[x y]": time.time() - 300}))
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-    fn = src[src.index("\ncut_in() {") + 1:]
-    fn = fn[:fn.index("\n}\n") + 2]
+    fn = _shell_function("cut_in")
     log = tmp_path / "gpu.log"
     script = f'LOG={str(log)!r}; OURS_PATH={str(ROOT)!r}\nlog() {{ echo "$*" >> "$LOG"; }}\n{fn}\ncut_in peers "$1"'
     r = subprocess.run(["bash", "-c", script, "-", str(outcomes)], cwd=ROOT, capture_output=True, text=True,
@@ -178,14 +176,10 @@ def test_the_peers_step_keeps_every_autotune_result():
     """The peers step's pytest runs with TRITON_CACHE_AUTOTUNING=1 (each peer's @triton.autotune keeps its
     results in Triton's cache, gathered into .peers/autotune); the bench's harness runs do not (a bench
     tunes on an idle GPU, not under a suite's load)."""
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-
-    def body(name):
-        fn = src[src.index(f"\n{name}() {{") + 1:]
-        return fn[:fn.index("\n}\n")]
-    assert "env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in body("step_peers")
-    assert "TRITON_CACHE_AUTOTUNING" not in body("step_bench")
-    assert "env HARNESS_FLA_FP32=ieee TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in body("step_ieee")
+    assert "env TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in _shell_function("step_peers")
+    assert "TRITON_CACHE_AUTOTUNING" not in _shell_function("step_bench")
+    assert "env HARNESS_FLA_FP32=ieee TRITON_CACHE_AUTOTUNING=1 python3 -m pytest suites/" in \
+        _shell_function("step_ieee")
 
 
 @pytest.mark.parametrize("addopts, ok", [("", True), ("--no-such-option", False)])
@@ -195,9 +189,7 @@ def test_preflight_checks_the_generation_cap_before_any_step(addopts, ok):
     pytest and hypothesis; otherwise gpu.sh stops with the reason (exit 3). A GPU machine's newer hypothesis
     once made every capped test fail, which a run of hundreds of seconds found instead."""
     import os
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-    fn = src[src.index("\npreflight() {") + 1:]
-    fn = fn[:fn.index("\n}\n") + 2]
+    fn = _shell_function("preflight")
     env = {**os.environ, "PYTEST_ADDOPTS": addopts}
     for k in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "HARNESS_RUN_ID"):
         env.pop(k, None)
@@ -216,15 +208,11 @@ def test_the_peers_workers_fit_the_gpu_memory(gib, workers, per, expected):
     """`peer_workers`: the peers and ieee steps run --workers pytest workers, at most the GPU's memory over
     PEERS_GIB (default 10 GiB a worker; at least one): fla-core's tests in 14 workers on an 80 GB card stopped on
     CUDA out-of-memory errors. Both steps' pytest takes its -n from it; the suites step keeps --workers."""
-    src = (ROOT / "scripts" / "gpu.sh").read_text()
-
-    def body(name):
-        fn = src[src.index(f"\n{name}() {{") + 1:]
-        return fn[:fn.index("\n}\n") + 2]
     per_worker = f"PEERS_GIB={per}" if per else ""
-    script = f"GPU_GIB={gib}; WORKERS={workers}; {per_worker}\n{body('peer_workers')}\npeer_workers"
+    script = f"GPU_GIB={gib}; WORKERS={workers}; {per_worker}\n{_shell_function('peer_workers')}peer_workers"
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(expected)
-    assert '-n "$(peer_workers)"' in body("step_peers") and '-n "$(peer_workers)"' in body("step_ieee")
-    assert '-n "$WORKERS"' in body("step_suites")
+    assert '-n "$(peer_workers)"' in _shell_function("step_peers")
+    assert '-n "$(peer_workers)"' in _shell_function("step_ieee")
+    assert '-n "$WORKERS"' in _shell_function("step_suites")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from harness.records import RecordWriter, ResultsFileError, TornRecordWarning, read_records
+from harness.records import RecordWriter, ResultsFileError, TornRecordWarning, _whole_json, read_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,14 +27,6 @@ for i in range(n):
     w.write("timing", writer=k, seq=i, pad="x" * rng.randrange(1 << 10, 1 << 16))
     os.write(1, b"%d\n" % i)
 """
-
-
-def _whole_json(raw: bytes) -> bool:
-    try:
-        json.loads(raw)
-    except ValueError:
-        return False
-    return True
 
 
 def _torn_reads(path):
@@ -65,7 +57,7 @@ def test_sigkill_during_appends_loses_no_completed_record(tmp_path):
         with open(path, "rb") as f:
             tail = f.read().rsplit(b"\n", 1)[-1]
         # torn: a final line without its newline that is not whole JSON (a write cut just before its newline
-        # leaves a whole record, which readers keep: harness.records)
+        # leaves a whole record, which readers keep and writers end: harness.records' own test of it)
         tail_torn = bool(tail) and not _whole_json(tail)
         recs, msgs = _torn_reads(path)  # never a ResultsFileError: only the last line may be torn
         torn_seen += tail_torn
