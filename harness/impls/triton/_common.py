@@ -77,6 +77,9 @@ TL_DTYPES = {
 }
 
 
+TORCH_DTYPES = {t: d for d, t in TL_DTYPES.items()}  # Triton's dtype -> torch's
+
+
 def tl_dtype(dtype: torch.dtype):
     if dtype not in TL_DTYPES:
         raise ValueError(f"dtype: expected one of {list(TL_DTYPES)}, got {dtype}")

@@ -77,7 +77,8 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import launch, cdiv, device_guard, dummy, launch_config, next_power_of_2, unit_stride
+from harness.impls.triton._common import (TORCH_DTYPES, launch, cdiv, device_guard, dummy, launch_config,
+                                          next_power_of_2, unit_stride)
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
 from reference.delta_rule import L2NORM_EPS
 from reference.validate import fail
@@ -479,12 +480,21 @@ def _update_rows(st, vn, kt, rk, G, g_last, valid, ACC: tl.constexpr, DOT: tl.co
     chunk's end (the exponent is masked, not the result). KMAJOR: the state tile is S^T (K, BV), updated by
     k^T (v' r)."""
     r = tl.exp(tl.where(valid, g_last - G, float("-inf"))) * rk
-    vr = (vn * r[:, None]).to(DOT)
+    return _decayed_update(st, (vn * r[:, None]).to(DOT), kt, g_last, ACC, DOT, PREC, KMAJOR)
+
+
+@triton.jit
+def _decayed_update(st, vk, keys, g_last, ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+                    KMAJOR: tl.constexpr):
+    """The chunk's state update exp(G_last) S + vk^T keys of the (BV, K) tile S, or, KMAJOR, exp(G_last) S^T +
+    keys^T vk of the (K, BV) tile S^T (vk: the chunk's (CH, BV) rows of v', scaled or not; keys: its (CH, K)
+    update keys)."""
+    decayed = st * tl.exp(g_last)
     if KMAJOR:
-        upd = tl.dot(tl.trans(kt.to(DOT)), vr, input_precision=PREC, out_dtype=ACC)
+        upd = tl.dot(tl.trans(keys.to(DOT)), vk, input_precision=PREC, out_dtype=ACC)
     else:
-        upd = tl.dot(tl.trans(vr), kt.to(DOT), input_precision=PREC, out_dtype=ACC)
-    return st * tl.exp(g_last) + upd
+        upd = tl.dot(tl.trans(vk), keys.to(DOT), input_precision=PREC, out_dtype=ACC)
+    return decayed + upd
 
 
 @triton.jit
@@ -617,12 +627,7 @@ def _gdn_state_kernel(w_ptr, u_ptr, kg_ptr, k_ptr, gc_ptr, hs_ptr, st_ptr, qsl_p
                 st = _update_rows(st, vn, kb, _inv_norms(ssk, L2NORM), G, g_last, valid, ACC, DOT, PREC, KMAJOR)
             else:
                 kgt = tl.load(kg_ptr + tok[:, None] * skg0 + h * skg1 + kcol[None, :], mask=mk, other=0.0)
-                if KMAJOR:
-                    st = st * tl.exp(g_last) + tl.dot(tl.trans(kgt.to(DOT)), vd, input_precision=PREC,
-                                                      out_dtype=ACC)
-                else:
-                    st = st * tl.exp(g_last) + tl.dot(tl.trans(vd), kgt.to(DOT), input_precision=PREC,
-                                                      out_dtype=ACC)
+                st = _decayed_update(st, vd, kgt, g_last, ACC, DOT, PREC, KMAJOR)
             c += 1
         if KMAJOR:
             st = tl.trans(st)
@@ -770,9 +775,6 @@ def _dot_types(dtype: torch.dtype, state_tf32: bool):
     return tl.float32, half, "ieee", half, "ieee", "tf32"
 
 
-_TORCH = {tl.float64: torch.float64, tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}
-
-
 def _pow2(n: int, name: str) -> int:
     n = int(n)
     if n < 16 or n & (n - 1):
@@ -838,7 +840,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
         aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
         kg = dummy(aqk)
     if split:  # T per chunk slot and value head in its product dtype; the key rows' norms
-        tm = torch.empty((NC, Hv, CH, CH), dtype=_TORCH[TD], device=dev)
+        tm = torch.empty((NC, Hv, CH, CH), dtype=TORCH_DTYPES[TD], device=dev)
         sn = torch.empty((T, Hv), dtype=cd, device=dev) if use_qk_l2norm else dummy(gc)
     else:
         tm, sn = dummy(w), dummy(gc)
