@@ -136,18 +136,7 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
             kg = kb * tl.exp2(g_last - g_mid)[None, :]  # k exp(G_last - G): to the chunk end
         else:
             # exact: each pair's exponent masked to j <= i before the exponential
-            qk = tl.zeros((BT, BT), dtype=CD)
-            kk = tl.zeros((BT, BT), dtype=CD)
-            for j in range(BT):
-                sel = rows[:, None] == j
-                kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
-                gj = tl.sum(tl.where(sel, G, 0.0), axis=0)
-                low = (rows >= j)[:, None]
-                dec = tl.where(low, tl.exp2(tl.where(low, G - gj[None, :], 0.0)), 0.0)
-                kjd = kj[None, :] * dec
-                col = rows[None, :] == j
-                qk = tl.where(col, tl.sum(qv * kjd, axis=1)[:, None], qk)
-                kk = tl.where(col, tl.sum(kv * kjd, axis=1)[:, None], kk)
+            qk, kk = _kda_exact_pairs(qv, kv, G, rows, BT, CD)
             fa = tl.exp2(G)
             qg = qv * fa
             ke = kv * fa
@@ -164,6 +153,25 @@ def _kda_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, qsl_ptr, scale_ptr,
         tl.store(dl_ptr + c * sdl0 + h * sdl1 + ck, tl.exp2(g_last).to(dl_ptr.dtype.element_ty), mask=km)
         _kda_prep_values(Tm, qk, bt, v_ptr, u_ptr, ou_ptr, start, h, r, tm, V, sv0, sv1, sv2, su0, su1, BV, CD, TDOT,
                          TPREC)
+
+
+@triton.jit
+def _kda_exact_pairs(qv, kv, G, rows, BT: tl.constexpr, CD: tl.constexpr):
+    """The exact path's Qk_ij = sum_c q_ic k_jc exp(G_ic - G_jc) and k k's, i >= j, over the key channels of the
+    (BT, .) tiles given, one column j at a time: each pair's exponent masked to j <= i before the exponential."""
+    qk = tl.zeros((BT, BT), dtype=CD)
+    kk = tl.zeros((BT, BT), dtype=CD)
+    for j in range(BT):
+        sel = rows[:, None] == j
+        kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
+        gj = tl.sum(tl.where(sel, G, 0.0), axis=0)
+        low = (rows >= j)[:, None]
+        dec = tl.where(low, tl.exp2(tl.where(low, G - gj[None, :], 0.0)), 0.0)
+        kjd = kj[None, :] * dec
+        col = rows[None, :] == j
+        qk = tl.where(col, tl.sum(qv * kjd, axis=1)[:, None], qk)
+        kk = tl.where(col, tl.sum(kv * kjd, axis=1)[:, None], kk)
+    return qk, kk
 
 
 @triton.jit
@@ -224,15 +232,9 @@ def _kda_prep_blocked(q_ptr, k_ptr, g_ptr, w_ptr, qp_ptr, kg_ptr, dl_ptr, v_ptr,
             qk += _dot(qv * fa, tl.trans(kb), DOT, PREC, CD)
             kk += _dot(kv * fa, tl.trans(kb), DOT, PREC, CD)
         else:
-            for j in range(BT):
-                sel = rows[:, None] == j
-                kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
-                gj = tl.sum(tl.where(sel, G, 0.0), axis=0)
-                low = (rows >= j)[:, None]
-                kjd = kj[None, :] * tl.where(low, tl.exp2(tl.where(low, G - gj[None, :], 0.0)), 0.0)
-                col = rows[None, :] == j
-                qk = tl.where(col, qk + tl.sum(qv * kjd, axis=1)[:, None], qk)
-                kk = tl.where(col, kk + tl.sum(kv * kjd, axis=1)[:, None], kk)
+            dq, dk = _kda_exact_pairs(qv, kv, G, rows, BT, CD)
+            qk += dq
+            kk += dk
     rq = tl.full((BT,), 1.0, CD)
     rk = tl.full((BT,), 1.0, CD)
     if L2NORM:
