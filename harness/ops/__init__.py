@@ -61,10 +61,12 @@ import importlib
 import pkgutil
 
 from harness.ops._checks import INF, PAD_SLOT_ID, no_index_checks  # noqa: F401
+from harness.ops._checks import call_key
 from harness.ops.spec import OpSpec
 from reference.validate import fail
 
 SPECS: dict[str, OpSpec] = {}
+_MEMO_SIZE = 512  # accepted signatures per validator; beyond it the memo starts over
 
 
 def _discover() -> None:
@@ -82,30 +84,63 @@ def _discover() -> None:
         globals()[f"validate_{spec.name}"] = spec.validate
 
 
+def _memo_key(args: tuple, kw: dict) -> tuple:
+    return call_key(args) + (tuple(kw), call_key(kw.values())) if kw else call_key(args)
+
+
 def _guard_out(spec: OpSpec) -> None:
     """The spec's `validate` and `checks`, each first rejecting an `out=` that shares memory with an argument
     (`_checks.check_out_alone`; `spec.in_place` may be `out` itself). Both get the same check first, so the
-    validator's fast path and its rule-by-rule path still agree on every input."""
+    validator's fast path and its rule-by-rule path still agree on every input. Given `out=`, `validate` answers
+    a call whose metadata (`_checks.call_key`) it has accepted before from a memo while the index checks are off
+    (they read values; the rest of a validator reads metadata, and addresses only for the memory `out=` and a
+    pool without slots own): those addresses are compared on every call (`_checks.all_apart`), and where their
+    byte ranges meet the validator runs. Without `out=` its own fast path costs no more than the memo's key."""
     import inspect
 
-    from harness.ops._checks import check_out_alone
+    from harness.ops import _checks as ck
 
-    def guarded(fn):
+    def guarded(fn, memo: bool):
         names = list(inspect.signature(fn).parameters)
         i_out = names.index("out")
-        tensor_args = [a for a in spec.args if a in names]
+        tensor_at = frozenset(names.index(a) for a in spec.args if a in names)
+        # the arguments whose memory must be their own: out=, and an argument written whole in place
+        alone = (i_out,) + ((names.index(spec.pool),) if spec.pool and spec.index is None else ())
+        answers: dict = {}
+
+        def check_out(out, full):
+            ck.check_out_alone(out, {names[i]: full[i] for i in sorted(tensor_at)}, spec.in_place)
+
+        def complete(args, kw):
+            """The arguments by position, those not given None (only tensors and `out` are read from it)."""
+            return args if len(args) == len(names) else args + tuple(kw.get(n) for n in names[len(args):])
 
         def call(*args, **kw):
-            out = args[i_out] if len(args) > i_out else kw.get("out")
-            if out is not None:
-                bound = dict(zip(names, args))
-                bound.update(kw)
-                check_out_alone(out, {a: bound.get(a) for a in tensor_args}, spec.in_place)
-            return fn(*args, **kw)
+            full = complete(args, kw)
+            out = full[i_out]
+            if out is None:
+                return fn(*args, **kw)
+            key = None
+            if memo and not ck._INDEX_CHECKS[-1]:
+                try:
+                    key = _memo_key(args, kw)
+                    hit = answers.get(key)
+                except TypeError:  # an unhashable argument: not memoised
+                    key = hit = None
+                if hit is not None and ck.all_apart(full, hit[1]):
+                    return hit[0]
+            check_out(out, full)
+            result = fn(*args, **kw)
+            if key is not None and isinstance(out, ck._Tensor):
+                if len(answers) >= _MEMO_SIZE:
+                    answers.clear()
+                answers[key] = (result, ck.alone_spans([t if i in tensor_at or i == i_out else None
+                                                        for i, t in enumerate(full)], alone))
+            return result
         call.__doc__, call.__wrapped__ = getattr(fn, "__doc__", None), fn
         return call
-    object.__setattr__(spec, "validate", guarded(spec.validate))
-    object.__setattr__(spec, "checks", guarded(spec.checks))
+    object.__setattr__(spec, "validate", guarded(spec.validate, True))
+    object.__setattr__(spec, "checks", guarded(spec.checks, False))
 
 
 _discover()

@@ -11,7 +11,9 @@ name        the op's name (the key implementations register under).
 args        positional arguments, in order (the contract's signature).
 options     keyword-only options with their defaults (`pad_slot_id` and `out` included where taken).
 pool        the state-pool argument (read and written in place), or None. Without `index`, an argument the op
-            updates whole in place (add_rms_norm's residual): the suites compare it with the oracle's, as a pool.
+            updates whole in place (add_rms_norm's residual): the suites compare it with the oracle's, as a pool;
+            its memory must be its own (no element shared with another argument), the one rule besides `out=`'s
+            whose check reads addresses: the validators' memo (harness.ops) compares them on every call.
 index       the argument naming each request's pool slot, or None.
 validate    validate(*args, **options): raises ValueError (argument, expected, got) before anything is
             written; returns the op's dimensions. Runs before every eager call: it first asks a predicate
