@@ -8,7 +8,7 @@ left unwritten: the validator reads only their metadata, the slot ids and offset
 the index range checks (which read the slot ids and offsets on the host) and inside `no_index_checks()`.
 Then the `triton` implementation's op on the same input set inside `no_index_checks()` with every kernel
 launch replaced by what the launch shortcut computes before it hands a call to the compiled kernel (its key,
-`_common.launch_key`): the validator, the launch parameters, scratch allocations and the key, without the
+`_common.launch_key`, or `_common.fixed_key` for a launch of an op's cached launch plan): the validator, the launch parameters, scratch allocations and the key, without the
 kernel launcher and the driver (a GPU machine's figure is `harness bench`'s `launch_ms`). It is called with
 `out=` given where the op takes one (on the CPU a large output's allocation would dominate; the GPU's caching
 allocator returns one in microseconds). The figures are p50 microseconds per call through
@@ -102,23 +102,31 @@ def time_validators(ops=None, shape_kinds=("contract", "gpu"), budget=None, trit
 
 @contextlib.contextmanager
 def launches_keyed_only():
-    """Inside, every kernel launch of our Triton modules computes the launch shortcut's key and returns None
-    (no kernel runs): the host path of an op up to the compiled kernel's launcher."""
+    """Inside, every kernel launch of our Triton modules computes the launch shortcut's key (`launch_key`, or
+    `fixed_key` for a launch plan's `launch_fixed`) and returns None (no kernel runs): the host path of an op up
+    to the compiled kernel's launcher."""
     from harness.impls.triton import _common
 
     def keyed(kernel, grid, *args, **kw):
         _common.launch_key(args, kw)
 
-    real, swapped = _common.launch, []
+    def keyed_fixed(fixed, *args):
+        _common.fixed_key(fixed, args)
+
+    swaps = ((_common.launch, keyed), (_common.launch_fixed, keyed_fixed))
+    swapped = []
     for mod in _common.kernel_modules():
-        if mod is not _common and getattr(mod, "launch", None) is real:
-            swapped.append(mod)
-            mod.launch = keyed
+        if mod is _common:
+            continue
+        for name, (real, fake) in zip(("launch", "launch_fixed"), swaps):
+            if getattr(mod, name, None) is real:
+                swapped.append((mod, name, real))
+                setattr(mod, name, fake)
     try:
         yield
     finally:
-        for mod in swapped:
-            mod.launch = real
+        for mod, name, real in swapped:
+            setattr(mod, name, real)
 
 
 def _time_triton_path(fn, pos, opt, budget) -> float | None:

@@ -16,11 +16,14 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from harness.ops._checks import all_apart, alone_spans, call_key, index_checks_on
 
 
 # The environment as the launchers see it (`refresh_env`): whether Triton interprets its kernels, and
@@ -28,6 +31,7 @@ import triton.language as tl
 _INTERPRET = False
 _FAST_CUDA = False
 _FAST_CPU = False
+_ENV_READS = [0]  # how many times `refresh_env` has run: launch plans made under an earlier reading are stale
 
 
 def refresh_env() -> None:
@@ -36,6 +40,7 @@ def refresh_env() -> None:
     Triton itself decides whether a kernel is interpreted when its @triton.jit definition runs, so
     TRITON_INTERPRET belongs in the environment before the kernel modules are imported."""
     global _INTERPRET, _FAST_CUDA, _FAST_CPU
+    _ENV_READS[0] += 1
     _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
     _FAST_CUDA = not _INTERPRET and torch.version.hip is None
     _FAST_CPU = _FAST_CUDA and os.environ.get("HARNESS_AOT_NVIDIA") == "1"
@@ -424,8 +429,42 @@ def hooked(runtime) -> bool:
                 or (leave is not None and getattr(leave, "calls", True)))
 
 
+class Fixed:
+    """One launch of an op's launch plan (`HostPlans`): the kernel, its grid and keywords, and a guarantee from the
+    op that every call made through it (`launch_fixed`) passes the same argument types, tensors of the same dtypes
+    at the same positions, and the same values but for the tensors' addresses and float arguments (which Triton
+    does not specialise on). Its key in the launch shortcut's table is then the object itself and the 16-byte
+    alignment of each tensor (`fixed_key`), not `launch_key` over every argument."""
+    __slots__ = ("kernel", "grid", "kw", "tensor_at")
+
+    def __init__(self, kernel, grid, **kw):
+        self.kernel, self.grid, self.kw = kernel, tuple(grid), kw
+        self.tensor_at = None  # the tensors' positions among the arguments, from the first call
+
+
+def fixed_key(fixed: Fixed, args: tuple) -> tuple:
+    """`fixed`'s part of a call's key: the object (held by the table, so no other object takes its id while the
+    entry lives) and which tensor arguments are 16-byte aligned, as the bits of an int."""
+    at = fixed.tensor_at
+    if at is None:
+        at = fixed.tensor_at = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    bits = 1
+    for i in at:
+        bits = bits + bits + (args[i].data_ptr() & 15 == 0)
+    return fixed, bits
+
+
 def launch(kernel, grid, *args, **kw):
     """`kernel[grid](*args, **kw)` (see the section's comment); returns what that returns."""
+    return _launch(kernel, grid, args, kw, None)
+
+
+def launch_fixed(fixed: Fixed, *args):
+    """`launch(fixed.kernel, fixed.grid, *args, **fixed.kw)`, keyed by `fixed_key`."""
+    return _launch(fixed.kernel, fixed.grid, args, fixed.kw, fixed)
+
+
+def _launch(kernel, grid, args: tuple, kw: dict, fixed: Fixed | None):
     if not _SHORTCUT or _INTERPRET or callable(grid) or hooked(_knobs.runtime):
         return kernel[grid](*args, **kw)
     plan = _plan_of(kernel)
@@ -436,7 +475,7 @@ def launch(kernel, grid, *args, **kw):
     if cuda is False:  # another backend on this device
         return kernel[grid](*args, **kw)
     try:
-        key = (device, launch_key(args, kw))
+        key = (device, launch_key(args, kw) if fixed is None else fixed_key(fixed, args))
         hit = plan.compiled.get(key)
     except TypeError:  # an unhashable argument
         return kernel[grid](*args, **kw)
@@ -455,3 +494,49 @@ def launch(kernel, grid, *args, **kw):
     compiled.run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, _driver.active.get_current_stream(device),
                  compiled.function, compiled.packed_metadata, None, None, None, *args, *rest)
     return compiled
+
+
+# ---- launch plans ------------------------------------------------------------------------------------------
+# An op's host work before its launches -- the contract's validation, launch parameters, strides, grids -- is a
+# function of its arguments' metadata and option values (`harness.ops._checks.call_key`), of its module's launch
+# configuration and of the environment `refresh_env` read. `HostPlans` keeps that work per call signature: a
+# repeated call looks its plan up, compares the addresses of `out=` (and of an argument written whole in place)
+# with the other arguments' (the contract's aliasing rules, the only checks that read more than metadata:
+# `harness.ops._checks.all_apart`) and launches. The validator runs in full on a signature's first call, whenever
+# the index checks are on (they read the slot ids and offsets), and where those byte ranges meet (it then decides
+# element by element, or raises). A plan holds no value
+# of the call's float arguments (0.0 and -0.0 are one key): ops read those from the call.
+
+class HostPlans:
+    """The launch plans of one op by call signature: `build(validate(*call), call, *options)` makes one (see
+    `plan`); `config`: the module's launch configuration (a plan made under other values is stale: it is
+    compared on every lookup, as tests and sweeps change it in place); `alone`: the positions in the call of
+    the arguments besides `out=` whose memory must be their own (one written whole in place)."""
+    __slots__ = ("validate", "build", "config", "alone", "plans")
+
+    def __init__(self, validate, build, config: dict | None = None, alone: tuple = ()):
+        self.validate, self.build, self.config, self.alone = validate, build, config, alone
+        self.plans: dict = {}
+
+    def plan(self, call: tuple, options: tuple = ()):
+        """The plan of `call` (the op's arguments in its validator's order, `out=` last) with `options` (the op's
+        arguments the validator does not take, hashable values): cached, or built from the validator's answer
+        (the validator raising on bad input) and kept. The validator runs first wherever the cache cannot answer
+        for the contract (see the section's comment)."""
+        validate = self.validate
+        try:
+            key = call_key(call) + call_key(options) if options else call_key(call)
+            hit = self.plans.get(key)
+        except TypeError:  # an unhashable argument: validated and planned on every call
+            return self.build(validate(*call), call, *options)
+        cfg = self.config
+        if hit is not None and hit[0] == _ENV_READS[0] and (cfg is None or hit[1] == cfg):
+            if index_checks_on() or not all_apart(call, hit[2]):
+                validate(*call)
+            return hit[3]
+        made = self.build(validate(*call), call, *options)
+        spans = alone_spans(call, (len(call) - 1,) + self.alone)
+        if len(self.plans) >= _MAX_KEYS:
+            self.plans.clear()
+        self.plans[key] = (_ENV_READS[0], None if cfg is None else copy.deepcopy(cfg), spans, made)
+        return made

@@ -26,8 +26,8 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
-                                          nvidia_fast, silu_fast, tl_dtype, unit_stride)
+from harness.impls.triton._common import (Fixed, HostPlans, launch, launch_config, launch_fixed, cdiv, device_guard,
+                                          interpreting, next_power_of_2, nvidia_fast, silu_fast, tl_dtype, unit_stride)
 
 # Launch parameters. Prefill: chunks of bt tokens x bd channels (bd / (32 * warps) channels per thread:
 # 4 = 8-byte bf16 vectors), `stages` chunks in flight; a program walks at most `chunks` chunks, fewer
@@ -319,27 +319,41 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     return y
 
 
-@provides("triton", "causal_conv1d_update")
-def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
-                         pad_slot_id=C.PAD_SLOT_ID, out=None):
-    Bsz, D, K = C.validate_causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, activation,
-                                                pad_slot_id, out)
-    conv_state_indices = unit_stride(conv_state_indices)[0]
-    y = out if out is not None else torch.empty_like(x)
+def _plan_update(dims, call):
+    """One decode call's launch (`call`: the validator's arguments, `out=` last) from the validator's answer:
+    (the `Fixed` launch, or None where there is no row; the strides after pad_slot_id)."""
+    Bsz, D, K = dims
+    x, conv_states, weight, bias = call[:4]
+    activation, out = call[5], call[-1]
     if Bsz == 0:
-        return y
+        return None, (), ()
     if _INTERPRETED:
         bd, warps, rows = min(next_power_of_2(D), 16), 1, 2
     else:
         warps, rows = CONFIG["upd_warps"], CONFIG["upd_rows"]
         bd = min(CONFIG["upd_bd"], max(next_power_of_2(D), 32 * warps))
     b = bias if bias is not None else weight
-    sx, sw, sb, ss, sy = x.stride(), weight.stride(), b.stride(0), conv_states.stride(), y.stride()
+    sx, sw, sb, ss = x.stride(), weight.stride(), b.stride(0), conv_states.stride()
+    sy = (out if out is not None else torch.empty_like(x, device="meta")).stride()  # a new y is empty_like(x)
+    fixed = Fixed(_conv_update_kernel, (cdiv(Bsz, rows), cdiv(D, bd)),
+                  K=K, BD=bd, ROWS=rows, HAS_BIAS=bias is not None, SILU=activation == "silu",
+                  ACC=_acc(x.dtype), I64D=_i64d(D, K, sx[1], sy[1], *sw, sb, ss[1], ss[2]),
+                  FAST=x.dtype != torch.float64 and nvidia_fast(x), num_warps=warps)
+    return fixed, (Bsz, D), (*sx, *sw, sb, *ss, *sy)
+
+
+_UPDATE_PLANS = HostPlans(C.validate_causal_conv1d_update, _plan_update, CONFIG)
+
+
+@provides("triton", "causal_conv1d_update")
+def causal_conv1d_update(x, conv_states, weight, bias, conv_state_indices, *, activation=None,
+                         pad_slot_id=C.PAD_SLOT_ID, out=None):
+    fixed, dims, tail = _UPDATE_PLANS.plan((x, conv_states, weight, bias, conv_state_indices, activation,
+                                            pad_slot_id, out))
+    y = out if out is not None else torch.empty_like(x)
+    if fixed is None:
+        return y
     with device_guard(x):
-        launch(_conv_update_kernel, (cdiv(Bsz, rows), cdiv(D, bd)),
-            x, weight, b, conv_states, conv_state_indices, y, Bsz, D, pad_slot_id,
-            *sx, *sw, sb, *ss, *sy,
-            K=K, BD=bd, ROWS=rows, HAS_BIAS=bias is not None, SILU=activation == "silu",
-            ACC=_acc(x.dtype), I64D=_i64d(D, K, sx[1], sy[1], *sw, sb, ss[1], ss[2]),
-            FAST=x.dtype != torch.float64 and nvidia_fast(x), num_warps=warps)
+        launch_fixed(fixed, x, weight, bias if bias is not None else weight, conv_states,
+                     unit_stride(conv_state_indices)[0], y, *dims, pad_slot_id, *tail)
     return y

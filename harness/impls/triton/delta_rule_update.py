@@ -38,8 +38,8 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch, compute_dtype, device_guard, index_type, interpreting, launch_config,
-                                          next_power_of_2, unit_stride)
+from harness.impls.triton._common import (Fixed, HostPlans, compute_dtype, device_guard, index_type, interpreting,
+                                          launch_config, launch_fixed, next_power_of_2, unit_stride)
 from harness.impls.triton.spec_decode import _pos, _row, _zero_padding_row
 from harness.ops import PAD_SLOT_ID
 from reference.delta_rule import L2NORM_EPS
@@ -180,17 +180,28 @@ def _scale_pair(scale: float) -> tuple[float, float]:
     return hi, scale - hi
 
 
-def _launch(kernel, kind, rows, T, dims, q, k, v, g, beta, ssm_states, index, index_strides, scale, use_qk_l2norm,
-            pad_slot_id, out, **extra):
-    """Launch `kernel` (either form) over `rows` rows of T tokens in all; dims = (Hk, Hv, K, V); `index`: the
-    index tensors the kernel takes after the pool, `index_strides` and `extra` what it takes after o's strides
-    and among its constexprs beyond those the forms share. Returns o (T, Hv, V)."""
-    Hk, Hv, K, V = dims
-    o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
+def _plan(dims, call, kind, spec):
+    """The launch of one call (`call`: the op's arguments in its validator's order; `spec`: the multi-token form)
+    from the validator's answer `dims`: (the `Fixed` launch, or None where there is nothing to compute; the
+    arguments between the tensors and pad_slot_id; those after the scale; o's shape; whether the pool is
+    addressed (a pool without slots is never addressed: every row is then a pad, and any tensor stands in for
+    it); the scale pair of scale=None)."""
+    q, k, v, g, beta, ssm_states = call[:6]
+    out = call[-1]
+    if spec:
+        T, Hk, Hv, K, V, rows, S = dims
+        extra = dict(S=S)
+        index_strides = unit_stride(call[7])[0].stride()
+    else:
+        T, Hk, Hv, K, V = dims
+        rows = T
+        extra, index_strides = {}, ()
+    oshape = (T, Hv, V)
+    default_scale = _scale_pair(K ** -0.5)
     if T == 0 or Hv == 0 or V == 0:
-        return o
+        return None, (), (), oshape, True, default_scale
     interp = _INTERPRETED
-    bv_key, warps_key = _CONFIG_KEYS[kind, "_spec" if "S" in extra else ""]
+    bv_key, warps_key = _CONFIG_KEYS[kind, "_spec" if spec else ""]
     acc = tl.float64 if compute_dtype(q.dtype) == torch.float64 else tl.float32
     BK = next_power_of_2(K)
     BV = min(next_power_of_2(V), _BV_INTERPRETED if interp else CONFIG[bv_key])
@@ -198,42 +209,54 @@ def _launch(kernel, kind, rows, T, dims, q, k, v, g, beta, ssm_states, index, in
     while BV > 8 and rows * Hv * ((V + BV - 1) // BV) < least:
         BV //= 2
     NV = (V + BV - 1) // BV
-    hi, lo = _scale_pair(K ** -0.5 if scale is None else float(scale))
-    sq, sk, sv, sb, ss, so = q.stride(), k.stride(), v.stride(), beta.stride(), ssm_states.stride(), o.stride()
+    sq, sk, sv, sb, ss = q.stride(), k.stride(), v.stride(), beta.stride(), ssm_states.stride()
+    so = (out if out is not None else torch.empty(oshape, device="meta")).stride()
     sg = g.stride()
     sg = sg if len(sg) == 3 else sg + (0,)
     # the largest offset formed in the per-program index type: within one head's (V, K) state tile and along
     # the q / k / g / v / o vectors (rows, tokens, heads and slots are offset in int64; strides are never
     # negative)
     extent = max((V - 1) * ss[2] + (K - 1) * ss[3], (K - 1) * max(sq[2], sk[2], sg[2]), (V - 1) * max(sv[2], so[2]))
-    # a pool without slots is never addressed (every row is then a pad): any tensor stands in for it
-    pool = ssm_states if ssm_states.numel() else v
+    fixed = Fixed(_KERNELS[spec], (rows * Hv * NV,),
+                  BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(call[-3]), ACC=acc, IDX=index_type(extent),
+                  EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[warps_key], **extra)
+    return (fixed, (Hv, Hv // Hk, V, K, NV), (*sq, *sk, *sv, *sg, *sb, *ss, *so, *index_strides), oshape,
+            ssm_states.numel() > 0, default_scale)
+
+
+def _run(plans, call, index):
+    """The op's call `call` (validator order, `out=` last; `index`: the index tensors the kernel takes after the
+    pool) through its launch plans `plans`. Returns o (T, Hv, V)."""
+    fixed, head, tail, oshape, own_pool, default_scale = plans.plan(call)
+    q, k, v, g, beta, ssm_states = call[:6]
+    out = call[-1]
+    o = out if out is not None else torch.empty(oshape, dtype=v.dtype, device=v.device)
+    if fixed is None:
+        return o
+    scale = call[-4]
+    hi, lo = default_scale if scale is None else _scale_pair(float(scale))
     with device_guard(v):
-        launch(kernel, (rows * Hv * NV,),
-            q, k, v, g, beta, pool, *index, o,
-            Hv, Hv // Hk, V, K, NV, pad_slot_id, hi, lo,
-            *sq, *sk, *sv, *sg, *sb, *ss, *so, *index_strides,
-            BV=BV, BK=BK, PER_KEY=kind == "kda", L2NORM=bool(use_qk_l2norm), ACC=acc, IDX=index_type(extent),
-            EVEN_V=V % BV == 0, EVEN_K=K == BK, num_warps=1 if interp else CONFIG[warps_key], **extra)
+        launch_fixed(fixed, q, k, v, g, beta, ssm_states if own_pool else v, *unit_stride(*index), o, *head,
+                     call[-2], hi, lo, *tail)
     return o
 
 
+_KERNELS = {False: _delta_rule_update_kernel, True: _delta_rule_update_spec_kernel}
+_PLANS = {(kind, spec): HostPlans((_VALIDATE_SPEC if spec else _VALIDATE)[kind],
+                                  functools.partial(_plan, kind=kind, spec=spec), CONFIG)
+          for kind in ("gdn", "kda") for spec in (False, True)}
+
+
 def _update(kind, q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out):
-    B, *dims = _VALIDATE[kind](q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id, out)
-    state_indices = unit_stride(state_indices)[0]
-    return _launch(_delta_rule_update_kernel, kind, B, B, dims, q, k, v, g, beta, ssm_states, (state_indices,), (),
-                   scale, use_qk_l2norm, pad_slot_id, out)
+    return _run(_PLANS[kind, False], (q, k, v, g, beta, ssm_states, state_indices, scale, use_qk_l2norm, pad_slot_id,
+                                      out), (state_indices,))
 
 
 def _update_spec(kind, q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, scale,
                  use_qk_l2norm, pad_slot_id, out):
-    T, Hk, Hv, K, V, Bsz, S = _VALIDATE_SPEC[kind](q, k, v, g, beta, ssm_states, query_start_loc, state_indices,
-                                                   num_accepted_tokens, scale, use_qk_l2norm, pad_slot_id, out)
-    query_start_loc, state_indices, num_accepted_tokens = unit_stride(query_start_loc, state_indices,
-                                                                      num_accepted_tokens)
-    return _launch(_delta_rule_update_spec_kernel, kind, Bsz, T, (Hk, Hv, K, V), q, k, v, g, beta, ssm_states,
-                   (query_start_loc, state_indices, num_accepted_tokens), state_indices.stride(), scale,
-                   use_qk_l2norm, pad_slot_id, out, S=S)
+    return _run(_PLANS[kind, True], (q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens,
+                                     scale, use_qk_l2norm, pad_slot_id, out),
+                (query_start_loc, state_indices, num_accepted_tokens))
 
 
 @provides("triton", "gated_delta_rule_update")

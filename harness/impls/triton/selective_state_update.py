@@ -15,8 +15,8 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
-                                          nvidia_fast, softplus_fast, unit_stride)
+from harness.impls.triton._common import (Fixed, HostPlans, cdiv, device_guard, interpreting, launch_config,
+                                          launch_fixed, next_power_of_2, nvidia_fast, softplus_fast, unit_stride)
 
 # Launch parameters (m2_*: defaults from the H200 sweep, 2026-11-29; m1_*: the offline sm_90 compile's pick, to be
 # confirmed by `harness bench sweep --op selective_state_update`; the device's values in
@@ -275,53 +275,73 @@ def _acc(x, state):
     return tl.float64 if x.dtype == torch.float64 or state.dtype == torch.float64 else tl.float32
 
 
+def _plan(layout, call, dt_softplus):
+    """One call's launch (`call`: the validator's arguments, `out=` last) from the validator's answer `layout`:
+    (the `Fixed` launch, or None where there is no row; the arguments between the tensors and pad_slot_id; those
+    after dt_limit's bounds; whether dt_limit is passed as an fp64 tensor)."""
+    state, x, dt, A, B, Cm, D, z, dt_bias = call[:9]
+    out = call[-1]
+    if x.shape[0] == 0:
+        return None, (), (), False
+    interp = _INTERPRETED
+    acc = _acc(x, state)
+    common = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
+                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc is tl.float64)
+    sd = D.stride() if D is not None else _NO_Z
+    sz = z.stride() if z is not None else _NO_Z
+    sy = (out if out is not None else torch.empty_like(x, device="meta")).stride()  # a new y is empty_like(x)
+    if layout[0] == "mamba2":
+        _, Bsz, H, P, N, G = layout
+        BN = next_power_of_2(N)
+        BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
+        pfirst = bool(CONFIG["m2_pfirst"]) and Bsz <= 65535  # grid dims 1, 2 are limited to 65535
+        fixed = Fixed(_ssu_mamba2_kernel, (cdiv(P, BP), H, Bsz) if pfirst else (Bsz, H, cdiv(P, BP)),
+                      BP=BP, BN=BN, D_PER_P=D is not None and D.dim() == 2, PFIRST=pfirst,
+                      num_warps=1 if interp else CONFIG["m2_warps"], **common)
+        head = (P, N, H // G)
+        tail = (*state.stride(), *x.stride(), *dt.stride(), *B.stride(), *Cm.stride(),
+                sd[0], sd[1] if len(sd) == 2 else 0, sz[0], sz[1], sz[2], *sy)
+    else:
+        _, Bsz, Dm, N, G = layout
+        BN = next_power_of_2(N)
+        BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["m1_bd"])
+        rows = min(next_power_of_2(Bsz), 2 if interp else CONFIG["m1_rows"])
+        tiles = max(1, min(cdiv(Bsz, rows), 2 if interp else CONFIG["m1_tiles"]))
+        nb, nd = cdiv(Bsz, rows * tiles), cdiv(Dm, BD)
+        dfirst = bool(CONFIG["m1_dfirst"]) and nb <= 65535  # grid dims 1, 2 are limited to 65535
+        fixed = Fixed(_ssu_mamba1_kernel, (nd, nb) if dfirst else (nb, nd),
+                      BD=BD, BN=BN, ROWS=rows, TILES=tiles, GU=(Dm // G) % BD == 0, DFIRST=dfirst,
+                      DENSE=N == BN and state.stride(2) == 1 and state.stride(1) == N,
+                      FAST=acc is tl.float32 and nvidia_fast(x),
+                      EVEN_B=tiles == 1 and Bsz % rows == 0, EVEN_D=Dm % BD == 0, EVEN_N=N == BN,
+                      num_warps=1 if interp else CONFIG["m1_warps"], **common)
+        head = (Bsz, Dm, N, Dm // G)
+        tail = (*state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
+                sd[0], sz[0], sz[1], *sy)
+    return fixed, head, tail, acc is tl.float64
+
+
+_PLANS = HostPlans(C.validate_selective_state_update, _plan, CONFIG)
+
+
+def limits(dt_limit, f64: bool, like):
+    """dt_limit's bounds as two floats, and the tensor the kernels read them from in fp64 (`like` where they
+    take the float arguments)."""
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    return lo, hi, torch.tensor([lo, hi], dtype=torch.float64, device=like.device) if f64 else like
+
+
 @provides("triton", "selective_state_update")
 def selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, *, dt_softplus=True,
                            dt_limit=(0.0, C.INF), pad_slot_id=C.PAD_SLOT_ID, out=None):
-    layout = C.validate_selective_state_update(state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices,
-                                               dt_limit, pad_slot_id, out)
-    state_batch_indices = unit_stride(state_batch_indices)[0]
+    fixed, head, tail, f64 = _PLANS.plan((state, x, dt, A, B, Cm, D, z, dt_bias, state_batch_indices, dt_limit,
+                                          pad_slot_id, out), (dt_softplus,))
     y = out if out is not None else torch.empty_like(x)
-    if x.shape[0] == 0:
+    if fixed is None:
         return y
-    interp = _INTERPRETED
-    acc = _acc(x, state)
-    lo, hi = float(dt_limit[0]), float(dt_limit[1])
-    common = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
-                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc is tl.float64)
-    lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc is tl.float64 else x
-    dp, zp, bp = (D if D is not None else x), (z if z is not None else x), (dt_bias if dt_bias is not None else dt)
-    sd = D.stride() if D is not None else _NO_Z
-    sz = z.stride() if z is not None else _NO_Z
+    lo, hi, lim = limits(dt_limit, f64, x)
     with device_guard(x):
-        if layout[0] == "mamba2":
-            _, Bsz, H, P, N, G = layout
-            BN = next_power_of_2(N)
-            BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
-            pfirst = bool(CONFIG["m2_pfirst"]) and Bsz <= 65535  # grid dims 1, 2 are limited to 65535
-            launch(_ssu_mamba2_kernel, (cdiv(P, BP), H, Bsz) if pfirst else (Bsz, H, cdiv(P, BP)),
-                state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
-                P, N, H // G, pad_slot_id, lo, hi, lim,
-                *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *Cm.stride(),
-                sd[0], sd[1] if len(sd) == 2 else 0, sz[0], sz[1], sz[2], *y.stride(),
-                BP=BP, BN=BN, D_PER_P=D is not None and D.dim() == 2, PFIRST=pfirst,
-                num_warps=1 if interp else CONFIG["m2_warps"], **common)
-        else:
-            _, Bsz, Dm, N, G = layout
-            BN = next_power_of_2(N)
-            BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["m1_bd"])
-            rows = min(next_power_of_2(Bsz), 2 if interp else CONFIG["m1_rows"])
-            tiles = max(1, min(cdiv(Bsz, rows), 2 if interp else CONFIG["m1_tiles"]))
-            nb, nd = cdiv(Bsz, rows * tiles), cdiv(Dm, BD)
-            dfirst = bool(CONFIG["m1_dfirst"]) and nb <= 65535  # grid dims 1, 2 are limited to 65535
-            launch(_ssu_mamba1_kernel, (nd, nb) if dfirst else (nb, nd),
-                state, x, dt, A, B, Cm, dp, zp, bp, state_batch_indices, y,
-                Bsz, Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
-                *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
-                sd[0], sz[0], sz[1], *y.stride(),
-                BD=BD, BN=BN, ROWS=rows, TILES=tiles, GU=(Dm // G) % BD == 0, DFIRST=dfirst,
-                DENSE=N == BN and state.stride(2) == 1 and state.stride(1) == N,
-                FAST=acc is tl.float32 and nvidia_fast(x),
-                EVEN_B=tiles == 1 and Bsz % rows == 0, EVEN_D=Dm % BD == 0, EVEN_N=N == BN,
-                num_warps=1 if interp else CONFIG["m1_warps"], **common)
+        launch_fixed(fixed, state, x, dt, A, B, Cm, D if D is not None else x, z if z is not None else x,
+                     dt_bias if dt_bias is not None else dt, unit_stride(state_batch_indices)[0], y,
+                     *head, pad_slot_id, lo, hi, lim, *tail)
     return y

@@ -23,10 +23,10 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch, launch_config, cdiv, device_guard, interpreting, next_power_of_2,
-                                          nvidia_fast, softplus_fast, unit_stride)
+from harness.impls.triton._common import (Fixed, HostPlans, launch_config, launch_fixed, cdiv, device_guard,
+                                          interpreting, next_power_of_2, nvidia_fast, softplus_fast, unit_stride)
 from harness.impls.triton.conv1d import _acc as _conv_acc, _channels, _epilogue, _i64d
-from harness.impls.triton.selective_state_update import _acc, _clamp, _softplus
+from harness.impls.triton.selective_state_update import _acc, _clamp, _softplus, limits
 
 # Launch parameters (defaults: those of the one-token kernels, selective_state_update.json / conv1d.json, to be
 # confirmed by a sweep on the device; its values in configs/<device>/spec_decode.json). m2: BP rows of P per
@@ -233,78 +233,104 @@ def _spec_conv_kernel(x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, tab_ptr, acc_ptr, y_
             tl.store(sj + k * ss_k, win[k].to(st_ptr.dtype.element_ty), mask=wm)
 
 
+def _plan_ssu(layout, call, dt_softplus):
+    """One call's launch (`call`: the validator's arguments, `out=` last) from the validator's answer `layout`:
+    (the `Fixed` launch, or None where there is no token or row; the arguments between the tensors and
+    pad_slot_id; those after dt_limit's bounds; whether dt_limit is passed as an fp64 tensor)."""
+    state, x, dt, A, B, Cm, D, z, dt_bias = call[:9]
+    table, out = call[10], call[-1]
+    Bsz, S = layout[-2:]
+    if x.shape[0] == 0 or Bsz == 0:
+        return None, (), (), False
+    interp = _INTERPRETED
+    acc = _acc(x, state)
+    common = dict(S=S, HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
+                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc is tl.float64)
+    sd = D.stride() if D is not None else _NO_STRIDES
+    sz = z.stride() if z is not None else _NO_STRIDES
+    sdtb = dt_bias.stride(0) if dt_bias is not None else 0
+    sy = (out if out is not None else torch.empty_like(x, device="meta")).stride()  # a new y is empty_like(x)
+    st = unit_stride(table)[0].stride()
+    if layout[0] == "mamba2":
+        _, _, H, P, N, G = layout[:6]
+        BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
+        fixed = Fixed(_spec_mamba2_kernel, (Bsz, H, cdiv(P, BP)),
+                      BP=BP, BN=next_power_of_2(N), D_PER_P=D is not None and D.dim() == 2,
+                      num_warps=1 if interp else CONFIG["m2_warps"], **common)
+        head = (P, N, H // G)
+        tail = (*state.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *Cm.stride(),
+                sd[0], sd[1] if D is not None and D.dim() == 2 else 0, sz[0], sz[1], sz[2], sdtb, *sy, *st)
+    else:
+        _, _, Dm, N, G = layout[:5]
+        BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["m1_bd"])
+        fixed = Fixed(_spec_mamba1_kernel, (Bsz, cdiv(Dm, BD)),
+                      BD=BD, BN=next_power_of_2(N), GU=(Dm // G) % BD == 0,
+                      FAST=acc is tl.float32 and nvidia_fast(x), num_warps=1 if interp else CONFIG["m1_warps"],
+                      **common)
+        head = (Dm, N, Dm // G)
+        tail = (*state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
+                sd[0], sz[0], sz[1], sdtb, *sy, *st)
+    return fixed, head, tail, acc is tl.float64
+
+
+_SSU_PLANS = HostPlans(C.validate_selective_state_update_spec, _plan_ssu, CONFIG)
+
+
 @provides("triton", "selective_state_update_spec")
 def selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc, state_batch_indices,
                                 num_accepted_tokens, *, dt_softplus=True, dt_limit=(0.0, C.INF),
                                 pad_slot_id=C.PAD_SLOT_ID, out=None):
-    layout = C.validate_selective_state_update_spec(state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc,
-                                                    state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id,
-                                                    out)
-    query_start_loc, state_batch_indices, num_accepted_tokens = unit_stride(query_start_loc, state_batch_indices,
-                                                                            num_accepted_tokens)
+    fixed, head, tail, f64 = _SSU_PLANS.plan((state, x, dt, A, B, Cm, D, z, dt_bias, query_start_loc,
+                                              state_batch_indices, num_accepted_tokens, dt_limit, pad_slot_id, out),
+                                             (dt_softplus,))
     y = out if out is not None else torch.empty_like(x)
-    Bsz, S = layout[-2:]
-    if x.shape[0] == 0 or Bsz == 0:
+    if fixed is None:
         return y
-    interp = _INTERPRETED
-    acc = _acc(x, state)
-    lo, hi = float(dt_limit[0]), float(dt_limit[1])
-    common = dict(S=S, HAS_D=D is not None, HAS_Z=z is not None, HAS_DTB=dt_bias is not None,
-                  SOFTPLUS=bool(dt_softplus), ACC=acc, LIM_F64=acc is tl.float64)
-    lim = torch.tensor([lo, hi], dtype=torch.float64, device=x.device) if acc is tl.float64 else x
-    dp, zp, bp = (D if D is not None else x), (z if z is not None else x), (dt_bias if dt_bias is not None else dt)
-    sd = D.stride() if D is not None else _NO_STRIDES
-    sz = z.stride() if z is not None else _NO_STRIDES
-    sdtb = dt_bias.stride(0) if dt_bias is not None else 0
-    rows = (query_start_loc, state_batch_indices, num_accepted_tokens)
+    lo, hi, lim = limits(dt_limit, f64, x)
     with device_guard(x):
-        if layout[0] == "mamba2":
-            _, _, H, P, N, G = layout[:6]
-            BP = min(next_power_of_2(P), 16 if interp else CONFIG["m2_bp"])
-            launch(_spec_mamba2_kernel, (Bsz, H, cdiv(P, BP)),
-                state, x, dt, A, B, Cm, dp, zp, bp, *rows, y,
-                P, N, H // G, pad_slot_id, lo, hi, lim,
-                *state.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *Cm.stride(),
-                sd[0], sd[1] if D is not None and D.dim() == 2 else 0, sz[0], sz[1], sz[2], sdtb, *y.stride(),
-                *state_batch_indices.stride(),
-                BP=BP, BN=next_power_of_2(N), D_PER_P=D is not None and D.dim() == 2,
-                num_warps=1 if interp else CONFIG["m2_warps"], **common)
-        else:
-            _, _, Dm, N, G = layout[:5]
-            BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["m1_bd"])
-            launch(_spec_mamba1_kernel, (Bsz, cdiv(Dm, BD)),
-                state, x, dt, A, B, Cm, dp, zp, bp, *rows, y,
-                Dm, N, Dm // G, pad_slot_id, lo, hi, lim,
-                *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *Cm.stride(),
-                sd[0], sz[0], sz[1], sdtb, *y.stride(), *state_batch_indices.stride(),
-                BD=BD, BN=next_power_of_2(N), GU=(Dm // G) % BD == 0, FAST=acc is tl.float32 and nvidia_fast(x),
-                num_warps=1 if interp else CONFIG["m1_warps"], **common)
+        launch_fixed(fixed, state, x, dt, A, B, Cm, D if D is not None else x, z if z is not None else x,
+                     dt_bias if dt_bias is not None else dt,
+                     *unit_stride(query_start_loc, state_batch_indices, num_accepted_tokens), y,
+                     *head, pad_slot_id, lo, hi, lim, *tail)
     return y
 
 
-@provides("triton", "causal_conv1d_update_spec")
-def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
-                              *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    T, D, K, Bsz, S = C.validate_causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc,
-                                                           conv_state_indices, num_accepted_tokens, activation,
-                                                           pad_slot_id, out)
-    query_start_loc, conv_state_indices, num_accepted_tokens = unit_stride(query_start_loc, conv_state_indices,
-                                                                           num_accepted_tokens)
-    y = out if out is not None else torch.empty_like(x)
+def _plan_conv(dims, call):
+    """One call's launch (`call`: the validator's arguments, `out=` last) from the validator's answer: (the
+    `Fixed` launch, or None where there is no token or row; the strides after pad_slot_id)."""
+    T, D, K, Bsz, S = dims
+    x, conv_states, weight, bias = call[:4]
+    table, activation, out = call[5], call[7], call[-1]
     if T == 0 or Bsz == 0:
-        return y
+        return None, (), ()
     if _INTERPRETED:
         bd, warps = min(next_power_of_2(D), 16), 1
     else:
         warps = CONFIG["conv_warps"]
         bd = min(CONFIG["conv_bd"], max(next_power_of_2(D), 32 * warps))
     b = bias if bias is not None else weight
-    sx, sw, sb, ss, sy = x.stride(), weight.stride(), b.stride(0), conv_states.stride(), y.stride()
+    sx, sw, sb, ss = x.stride(), weight.stride(), b.stride(0), conv_states.stride()
+    sy = (out if out is not None else torch.empty_like(x, device="meta")).stride()  # a new y is empty_like(x)
+    fixed = Fixed(_spec_conv_kernel, (Bsz, cdiv(D, bd)),
+                  S=S, K=K, BD=bd, HAS_BIAS=bias is not None, SILU=activation == "silu", ACC=_conv_acc(x.dtype),
+                  I64D=_i64d(D, K, sx[1], sy[1], *sw, sb, ss[1], ss[2]),
+                  FAST=x.dtype != torch.float64 and nvidia_fast(x), num_warps=warps)
+    return fixed, (D,), (*sx, *sw, sb, *ss, *sy, *unit_stride(table)[0].stride())
+
+
+_CONV_PLANS = HostPlans(C.validate_causal_conv1d_update_spec, _plan_conv, CONFIG)
+
+
+@provides("triton", "causal_conv1d_update_spec")
+def causal_conv1d_update_spec(x, conv_states, weight, bias, query_start_loc, conv_state_indices, num_accepted_tokens,
+                              *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    fixed, head, tail = _CONV_PLANS.plan((x, conv_states, weight, bias, query_start_loc, conv_state_indices,
+                                          num_accepted_tokens, activation, pad_slot_id, out))
+    y = out if out is not None else torch.empty_like(x)
+    if fixed is None:
+        return y
     with device_guard(x):
-        launch(_spec_conv_kernel, (Bsz, cdiv(D, bd)),
-            x, weight, b, conv_states, query_start_loc, conv_state_indices, num_accepted_tokens, y, D, pad_slot_id,
-            *sx, *sw, sb, *ss, *sy, *conv_state_indices.stride(),
-            S=S, K=K, BD=bd, HAS_BIAS=bias is not None, SILU=activation == "silu", ACC=_conv_acc(x.dtype),
-            I64D=_i64d(D, K, sx[1], sy[1], *sw, sb, ss[1], ss[2]),
-            FAST=x.dtype != torch.float64 and nvidia_fast(x), num_warps=warps)
+        launch_fixed(fixed, x, weight, bias if bias is not None else weight, conv_states,
+                     *unit_stride(query_start_loc, conv_state_indices, num_accepted_tokens), y, *head, pad_slot_id,
+                     *tail)
     return y
