@@ -439,9 +439,16 @@ def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
     assert all(r["us_p50_triton"] > 0 for r in rows)
     users = [m for m in _common.kernel_modules() if m is not _common and hasattr(m, "launch")]
     assert users and all(m.launch is _common.launch for m in users)
+    # the launch plans' launches (`launch_fixed`, called by the ops and by `_common.Staged`)
+    fixed_users = [m for m in _common.kernel_modules() if hasattr(m, "launch_fixed")]
+    assert _common in fixed_users and len(fixed_users) > 1
+    assert all(m.launch_fixed is _common.launch_fixed for m in fixed_users)
+    real_fixed = _common.launch_fixed
     with launches_keyed_only():
         assert all(m.launch is not _common.launch for m in users)
+        assert all(m.launch_fixed is not real_fixed for m in fixed_users)
     assert all(m.launch is _common.launch for m in users)
+    assert all(m.launch_fixed is real_fixed for m in fixed_users)
     assert main(["bench", "host", "--op", "gated_delta_rule_update", "--shapes", "gpu", "--reps", "3",
                  "--min-time", "0"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

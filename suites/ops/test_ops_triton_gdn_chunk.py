@@ -409,12 +409,14 @@ def test_split_prep_matches_the_fused_launch(impl, device, dtype, l2norm, output
     with mock.patch.dict(M.CONFIG, base):
         y = impl.op(OP)(*args, use_qk_l2norm=l2norm)
     launched = []
-    real = M.launch
+    from harness.impls.triton import _common
+    real = _common.launch_fixed  # the op's launch plan launches through it
 
-    def recording(kernel, grid, *a, **kw):
+    def recording(fixed, *a):
+        kernel = fixed.kernel
         launched.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
-        return real(kernel, grid, *a, **kw)
-    with mock.patch.object(M, "launch", recording):
+        return real(fixed, *a)
+    with mock.patch.object(_common, "launch_fixed", recording):
         y2 = _rerun_agrees(impl, M, {**base, "prep_split": True, "wu_bw": 16}, args2, y, args[5], l2norm,
                            "split vs fused per-chunk launch", exact_states=device.startswith("cpu"))
     assert "_gdn_wu_kernel" in launched, launched

@@ -540,3 +540,43 @@ class HostPlans:
             self.plans.clear()
         self.plans[key] = (_ENV_READS[0], None if cfg is None else copy.deepcopy(cfg), spans, made)
         return made
+
+
+class Staged:
+    """The launches of a multi-stage op as one plan's data: scratch buffers allocated anew on every call (`buffer`;
+    what the build reads of one is a meta-device stand-in's strides: a new tensor's), and per launch its
+    `Fixed`, the names of its tensor arguments (which come first in every kernel's signature) and the values
+    after them (`add`). `run` takes the call's tensors by name."""
+    __slots__ = ("scratch", "launches")
+
+    def __init__(self):
+        self.scratch: list = []
+        self.launches: list = []
+
+    def buffer(self, name: str, shape: tuple, dtype, device) -> torch.Tensor:
+        """Scratch `name`, a new (shape, dtype) tensor on `device` per call; returns its meta stand-in."""
+        self.scratch.append((name, torch.empty, tuple(shape), dict(dtype=dtype, device=device)))
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    def filled(self, name: str, value: float, dtype, device) -> None:
+        """Scratch `name`, a new one-element tensor holding `value` per call (filled on the device)."""
+        self.scratch.append((name, torch.full, ((1,), value), dict(dtype=dtype, device=device)))
+
+    def alias(self, name: str, of: str) -> None:
+        """Tensor argument `name` is the call's tensor `of` (a stand-in for an argument a kernel does not read)."""
+        self.scratch.append((name, None, of, None))
+
+    def add(self, kernel, grid, tensors: tuple, values: tuple, **kw) -> None:
+        self.launches.append((Fixed(kernel, grid, **kw), tensors, tuple(values)))
+
+    def run(self, tensors: dict) -> None:
+        """Allocate the scratch into `tensors` (name -> tensor: the call's) and make the launches in order."""
+        for name, make, args, kw in self.scratch:
+            if make is None:
+                tensors[name] = tensors[args]
+            elif make is torch.empty:
+                tensors[name] = torch.empty(args, **kw)
+            else:
+                tensors[name] = make(*args, **kw)
+        for fixed, names, values in self.launches:
+            launch_fixed(fixed, *[tensors[n] for n in names], *values)

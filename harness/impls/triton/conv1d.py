@@ -26,7 +26,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (Fixed, HostPlans, launch, launch_config, launch_fixed, cdiv, device_guard,
+from harness.impls.triton._common import (Fixed, HostPlans, launch_config, launch_fixed, cdiv, device_guard,
                                           interpreting, next_power_of_2, nvidia_fast, silu_fast, tl_dtype, unit_stride)
 
 # Launch parameters. Prefill: chunks of bt tokens x bd channels (bd / (32 * warps) channels per thread:
@@ -280,15 +280,15 @@ def _i64d(D, K, *strides):
     return (D + K) * max(1, *strides) >= 2 ** 31
 
 
-@provides("triton", "causal_conv1d_varlen")
-def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
-                         *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
-    T, D, K, S = C.validate_causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                                                 has_initial_state, activation, pad_slot_id, out)
-    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
-    y = out if out is not None else torch.empty_like(x)
+def _plan_varlen(dims, call):
+    """One prefill call's launch (`call`: the validator's arguments, `out=` last) from the validator's answer:
+    (the `Fixed` launch, or None where there is no sequence; the arguments between the tensors and pad_slot_id;
+    those after it)."""
+    T, D, K, S = dims
+    x, weight, bias, conv_states = call[:4]
+    activation, out = call[7], call[-1]
     if S == 0:
-        return y
+        return None, (), ()
     interp = _INTERPRETED
     if interp:  # small blocks; exercise both grid orders, both paths, 1-3 chunks per program
         bt, bd, warps, stages, dfirst, nch = 4, min(next_power_of_2(D), 16), 1, 1, T % 2 == 1, 1 + T % 3
@@ -304,18 +304,33 @@ def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_in
     grid = (cdiv(D, bd), grid_t) if dfirst else (grid_t, cdiv(D, bd))
     extra = {} if interp or not CONFIG.get("maxnreg") else {"maxnreg": CONFIG["maxnreg"]}
     b = bias if bias is not None else weight
+    sy = (out if out is not None else torch.empty_like(x, device="meta")).stride()  # a new y is empty_like(x)
+    fixed = Fixed(_conv_varlen_kernel, grid,
+                  K=K, BT=bt, BD=bd, STAGES=stages, NSTEPS=max(1, int(S).bit_length()),
+                  HAS_BIAS=bias is not None, SILU=activation == "silu", ACC=_acc(x.dtype), DFIRST=dfirst,
+                  EVEN_D=D % bd == 0,
+                  I64D=_i64d(D, K, x.stride(1), sy[1], weight.stride(0), weight.stride(1), b.stride(0),
+                             conv_states.stride(1), conv_states.stride(2)),
+                  FAST=nvidia_fast(x) and x.dtype != torch.float64, num_warps=warps, **extra)
+    return fixed, (T, D, S), (seg, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
+                              conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), sy[0], sy[1])
+
+
+_VARLEN_PLANS = HostPlans(C.validate_causal_conv1d_varlen, _plan_varlen, CONFIG)
+
+
+@provides("triton", "causal_conv1d_varlen")
+def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                         *, activation=None, pad_slot_id=C.PAD_SLOT_ID, out=None):
+    fixed, head, tail = _VARLEN_PLANS.plan((x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                            has_initial_state, activation, pad_slot_id, out))
+    y = out if out is not None else torch.empty_like(x)
+    if fixed is None:
+        return y
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
     with device_guard(x):
-        launch(_conv_varlen_kernel, grid,
-            x, weight, b, conv_states, query_start_loc, cache_indices, has_initial_state.view(torch.uint8), y,
-            T, D, S, pad_slot_id, seg,
-            x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
-            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), y.stride(0), y.stride(1),
-            K=K, BT=bt, BD=bd, STAGES=stages, NSTEPS=max(1, int(S).bit_length()),
-            HAS_BIAS=bias is not None, SILU=activation == "silu", ACC=_acc(x.dtype), DFIRST=dfirst,
-            EVEN_D=D % bd == 0,
-            I64D=_i64d(D, K, x.stride(1), y.stride(1), weight.stride(0), weight.stride(1), b.stride(0),
-                       conv_states.stride(1), conv_states.stride(2)),
-            FAST=nvidia_fast(x) and x.dtype != torch.float64, num_warps=warps, **extra)
+        launch_fixed(fixed, x, weight, bias if bias is not None else weight, conv_states, query_start_loc,
+                     cache_indices, has_initial_state.view(torch.uint8), y, *head, pad_slot_id, *tail)
     return y
 
 

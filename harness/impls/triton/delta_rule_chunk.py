@@ -77,7 +77,7 @@ import triton.language as tl
 
 from harness import ops as C_
 from harness.impls.registry import provides
-from harness.impls.triton._common import (TORCH_DTYPES, launch, cdiv, device_guard, dummy, launch_config,
+from harness.impls.triton._common import (TORCH_DTYPES, HostPlans, Staged, cdiv, device_guard, launch_config,
                                           next_power_of_2, unit_stride)
 from harness.impls.triton.ssd_chunk_cumsum import chunk_table_size, split_limit
 from reference.delta_rule import L2NORM_EPS
@@ -782,17 +782,14 @@ def _pow2(n: int, name: str) -> int:
     return n
 
 
-@provides("triton", "gated_delta_rule_varlen")
-def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
-                            *, scale=None, use_qk_l2norm=False, pad_slot_id=C_.PAD_SLOT_ID, out=None):
-    """Gated DeltaNet over packed sequences (see harness.ops for the contract)."""
-    T, Hk, Hv, K, V, S = C_.validate_gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc,
-                                                              cache_indices, has_initial_state, scale,
-                                                              use_qk_l2norm, pad_slot_id, out)
-    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
-    o = out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device=v.device)
+def _plan(dims, call):
+    """One call's launches (`call`: the validator's arguments, `out=` last) from the validator's answer: (the
+    `Staged` plan, or None where there is no sequence; o's shape)."""
+    T, Hk, Hv, K, V, S = dims
+    q, k, v, g, beta, ssm_states = call[:6]
+    scale, use_qk_l2norm, pad_slot_id, out = call[9:]
     if S == 0:
-        return o
+        return None, (T, Hv, V)
     for name, allowed in CHOICES.items():
         if CONFIG[name] not in allowed:
             fail(f"delta_rule_chunk CONFIG {name}", f"one of {allowed}", repr(CONFIG[name]))
@@ -829,73 +826,114 @@ def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache
     sd = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else cd  # scratch of w, u / v', kg, Aqk
     dev = v.device
     NC = chunk_table_size(T, S, CH)
-    w = torch.empty((T, Hv, K), dtype=sd, device=dev)
-    u = torch.empty((T, Hv, V), dtype=sd, device=dev)
-    gc = torch.empty((T, Hv), dtype=cd, device=dev)
+    st = Staged()
+    w = st.buffer("w", (T, Hv, K), sd, dev)
+    u = st.buffer("u", (T, Hv, V), sd, dev)
+    gc = st.buffer("gc", (T, Hv), cd, dev)
     if parallel:
-        kg = dummy(w) if rows else torch.empty((T, Hv, K), dtype=sd, device=dev)
-        aqk = dummy(kg)
-        hs = torch.empty((NC, Hv, V, K), dtype=sd if SDOT in (tl.float16, tl.bfloat16) else cd, device=dev)
+        if rows:
+            st.alias("kg", "w")
+            kg = w
+        else:
+            kg = st.buffer("kg", (T, Hv, K), sd, dev)
+        st.alias("aqk", "kg")
+        aqk = kg
+        hs = st.buffer("hs", (NC, Hv, V, K), sd if SDOT in (tl.float16, tl.bfloat16) else cd, dev)
     else:
-        aqk = torch.empty((T, Hv, CH), dtype=sd, device=dev)
-        kg = dummy(aqk)
+        aqk = st.buffer("aqk", (T, Hv, CH), sd, dev)
+        st.alias("kg", "aqk")
+        kg = aqk
     if split:  # T per chunk slot and value head in its product dtype; the key rows' norms
-        tm = torch.empty((NC, Hv, CH, CH), dtype=TORCH_DTYPES[TD], device=dev)
-        sn = torch.empty((T, Hv), dtype=cd, device=dev) if use_qk_l2norm else dummy(gc)
+        tm = st.buffer("tm", (NC, Hv, CH, CH), TORCH_DTYPES[TD], dev)
+        if use_qk_l2norm:
+            sn = st.buffer("sn", (T, Hv), cd, dev)
+        else:
+            st.alias("sn", "gc")
+            sn = gc
     else:
-        tm, sn = dummy(w), dummy(gc)
+        st.alias("tm", "w")
+        st.alias("sn", "gc")
+        tm, sn = w, gc
+    # scale > 0 (the contract): equal values of it are equal bits, so the plan may hold its fp32 pair
     sc = float(K ** -0.5 if scale is None else scale)
     span = CH * max(abs(q.stride(0)), abs(k.stride(0))) + K * max(abs(q.stride(2)), abs(k.stride(2)))
     wide = span >= WIDE_SPAN
     sc_hi, sc_lo = split_limit(sc)
-    hi = has_initial_state.view(torch.uint8)
-    with device_guard(v):
-        launch(_gdn_prep_kernel, (NC, Hk if prep_shared else Hv),
-            q, k, v, g, beta, query_start_loc, w, u, aqk, kg, gc, tm, sn,
-            S, Hv // Hk, K, V, sc_hi, sc_lo,
-            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
+    so = (out if out is not None else torch.empty((T, Hv, V), dtype=v.dtype, device="meta")).stride()
+    s_qsl, s_idx, s_hi = (t.stride(0) for t in unit_stride(*call[6:9]))
+    pad = int(pad_slot_id)
+    st.add(_gdn_prep_kernel, (NC, Hk if prep_shared else Hv),
+           ("q", "k", "v", "g", "beta", "query_start_loc", "w", "u", "aqk", "kg", "gc", "tm", "sn"),
+           (S, Hv // Hk, K, V, sc_hi, sc_lo,
+            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), s_qsl,
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0), aqk.stride(1), kg.stride(0),
-            kg.stride(1), *gc.stride(), tm.stride(0), tm.stride(1), *sn.stride(),
-            CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
-            L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
-            STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, TD=TD, SPLIT=split,
-            num_warps=int(CONFIG["prep_warps"]))
-        if split:
-            nbk = cdiv(K, BW)
-            launch(_gdn_wu_kernel, (nbk + cdiv(V, BW), NC, Hv),
-                k, v, beta, gc, tm, sn, query_start_loc, w, u, kg,
-                S, Hv // Hk, K, V, *k.stride(), *v.stride(), *beta.stride(), *gc.stride(), tm.stride(0), tm.stride(1),
-                *sn.stride(), query_start_loc.stride(0), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-                kg.stride(0), kg.stride(1),
-                CH=CH, BW=BW, NBK=nbk, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, TPREC=TPREC,
-                STORE_KG=parallel and not rows, num_warps=int(CONFIG["wu_warps"]))
-        if not parallel:
-            launch(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
-                q, k, w, u, aqk, gc, o, ssm_states, query_start_loc, cache_indices, hi,
-                Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
+            kg.stride(1), *gc.stride(), tm.stride(0), tm.stride(1), *sn.stride()),
+           CH=CH, SUB=SUB, LOG2NB=(CH // SUB).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S,
+           L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, TPREC=TPREC, STORE_AQK=not parallel,
+           STORE_KG=parallel and not rows, KB=KBP, WIDE=wide, SHARED=prep_shared, TD=TD, SPLIT=split,
+           num_warps=int(CONFIG["prep_warps"]))
+    if split:
+        nbk = cdiv(K, BW)
+        st.add(_gdn_wu_kernel, (nbk + cdiv(V, BW), NC, Hv),
+               ("k", "v", "beta", "gc", "tm", "sn", "query_start_loc", "w", "u", "kg"),
+               (S, Hv // Hk, K, V, *k.stride(), *v.stride(), *beta.stride(), *gc.stride(), tm.stride(0),
+                tm.stride(1), *sn.stride(), s_qsl, w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+                kg.stride(0), kg.stride(1)),
+               CH=CH, BW=BW, NBK=nbk, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, TPREC=TPREC,
+               STORE_KG=parallel and not rows, num_warps=int(CONFIG["wu_warps"]))
+    if not parallel:
+        st.add(_gdn_scan_kernel, (S, Hv, cdiv(V, BVS)),
+               ("q", "k", "w", "u", "aqk", "gc", "o", "ssm_states", "query_start_loc", "cache_indices", "hi"),
+               (Hv // Hk, K, V, pad, sc_hi, sc_lo,
                 *q.stride(), *k.stride(), w.stride(0), w.stride(1), u.stride(0), u.stride(1), aqk.stride(0),
-                aqk.stride(1), *gc.stride(), *o.stride(), *ssm_states.stride(), query_start_loc.stride(0),
-                cache_indices.stride(0), hi.stride(0),
-                CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
-                SPREC=SPREC, ROWS=rows, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
-            return o
-        launch(_gdn_state_kernel, (S, Hv, cdiv(V, BVS)),
-            w, u, kg, k, gc, hs, ssm_states, query_start_loc, cache_indices, hi,
-            Hv // Hk, K, V, int(pad_slot_id),
-            w.stride(0), w.stride(1), u.stride(0), u.stride(1), kg.stride(0), kg.stride(1), *k.stride(), *gc.stride(),
-            hs.stride(0), hs.stride(1), hs.stride(2), *ssm_states.stride(), query_start_loc.stride(0),
-            cache_indices.stride(0), hi.stride(0),
-            CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
-            # L2NORM and WIDE only matter to the "rows" keys: fixed otherwise (one specialisation, not four)
-            ROWS=rows, L2NORM=rows and bool(use_qk_l2norm), WIDE=rows and wide, KMAJOR=CONFIG["state_major"] == "key",
-            num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
-        shared = out_heads == "key"
-        launch(_gdn_out_kernel, (NC, Hk if shared else Hv, cdiv(V, BVO)),
-            q, k, u, gc, hs, o, query_start_loc, cache_indices,
-            S, Hv // Hk, K, V, int(pad_slot_id), sc_hi, sc_lo,
+                aqk.stride(1), *gc.stride(), *so, *ssm_states.stride(), s_qsl, s_idx, s_hi),
+               CH=CH, BK=BK, BV=BVS, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT,
+               SPREC=SPREC, ROWS=rows, num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+        return st, (T, Hv, V)
+    st.add(_gdn_state_kernel, (S, Hv, cdiv(V, BVS)),
+           ("w", "u", "kg", "k", "gc", "hs", "ssm_states", "query_start_loc", "cache_indices", "hi"),
+           (Hv // Hk, K, V, pad,
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), kg.stride(0), kg.stride(1), *k.stride(),
+            *gc.stride(), hs.stride(0), hs.stride(1), hs.stride(2), *ssm_states.stride(), s_qsl, s_idx, s_hi),
+           CH=CH, BK=BK, BV=BVS, BLOCK_S=BLOCK_S, ACC=ACC, DOT=DOT, PREC=PREC, SDOT=SDOT, SPREC=SPREC,
+           # L2NORM and WIDE only matter to the "rows" keys: fixed otherwise (one specialisation, not four)
+           ROWS=rows, L2NORM=rows and bool(use_qk_l2norm), WIDE=rows and wide, KMAJOR=CONFIG["state_major"] == "key",
+           num_warps=int(CONFIG["scan_warps"]), num_stages=int(CONFIG["scan_stages"]))
+    shared = out_heads == "key"
+    st.add(_gdn_out_kernel, (NC, Hk if shared else Hv, cdiv(V, BVO)),
+           ("q", "k", "u", "gc", "hs", "o", "query_start_loc", "cache_indices"),
+           (S, Hv // Hk, K, V, pad, sc_hi, sc_lo,
             *q.stride(), *k.stride(), u.stride(0), u.stride(1), *gc.stride(), hs.stride(0), hs.stride(1),
-            hs.stride(2), *o.stride(), query_start_loc.stride(0), cache_indices.stride(0),
-            CH=CH, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
-            PREC=PREC, SDOT=SDOT, SPREC=SPREC, WIDE=wide, SHARED=shared, num_warps=int(CONFIG["out_warps"]),
-            num_stages=int(CONFIG["out_stages"]))
+            hs.stride(2), *so, s_qsl, s_idx),
+           CH=CH, BV=BVO, KB=KBO, BLOCK_S=BLOCK_S, L2NORM=bool(use_qk_l2norm), ACC=ACC, DOT=DOT,
+           PREC=PREC, SDOT=SDOT, SPREC=SPREC, WIDE=wide, SHARED=shared, num_warps=int(CONFIG["out_warps"]),
+           num_stages=int(CONFIG["out_stages"]))
+    return st, (T, Hv, V)
+
+
+_PLANS = HostPlans(C_.validate_gated_delta_rule_varlen, _plan, CONFIG)
+
+
+def run_varlen(plans, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
+               use_qk_l2norm, pad_slot_id, out):
+    """A varlen delta rule's call through its launch plans `plans` (`Staged` plans of the tensors by the
+    contract's names, the index tensors unit-stride, and of has_initial_state as bytes: "hi"). Returns o."""
+    staged, oshape = plans.plan((q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                                 scale, use_qk_l2norm, pad_slot_id, out))
+    o = out if out is not None else torch.empty(oshape, dtype=v.dtype, device=v.device)
+    if staged is None:
+        return o
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
+    with device_guard(v):
+        staged.run(dict(q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, query_start_loc=query_start_loc,
+                        cache_indices=cache_indices, has_initial_state=has_initial_state,
+                        hi=has_initial_state.view(torch.uint8), o=o))
     return o
+
+
+@provides("triton", "gated_delta_rule_varlen")
+def gated_delta_rule_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                            *, scale=None, use_qk_l2norm=False, pad_slot_id=C_.PAD_SLOT_ID, out=None):
+    """Gated DeltaNet over packed sequences (see harness.ops for the contract)."""
+    return run_varlen(_PLANS, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, scale,
+                      use_qk_l2norm, pad_slot_id, out)

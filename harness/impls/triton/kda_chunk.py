@@ -49,7 +49,7 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch, cdiv, compute_dtype, device_guard, launch_config, next_power_of_2,
+from harness.impls.triton._common import (HostPlans, Staged, cdiv, compute_dtype, launch_config, next_power_of_2,
                                           unit_stride)
 from harness.impls.triton.delta_rule_chunk import _chunks_before, _locate, _tile_rows, _unit_lower_inverse
 from harness.impls.triton import delta_rule_chunk as _gdn
@@ -351,16 +351,14 @@ def _block(value, name: str, allowed) -> int:
     return value
 
 
-@provides("triton", "kda_varlen")
-def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
-               use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
-    """Kimi Delta Attention over packed sequences (see harness.ops for the contract)."""
-    T, _, H, K, V, S = C.validate_kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices,
-                                             has_initial_state, scale, use_qk_l2norm, pad_slot_id, out)
-    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
-    o = out if out is not None else torch.empty((T, H, V), dtype=v.dtype, device=v.device)
+def _plan(dims, call):
+    """One call's launches (`call`: the validator's arguments, `out=` last) from the validator's answer: (the
+    `Staged` plan, or None where there is no sequence or head; o's shape)."""
+    T, _, H, K, V, S = dims
+    q, k, v, g, beta, ssm_states = call[:6]
+    scale, use_qk_l2norm, pad_slot_id, out = call[9:]
     if S == 0 or H == 0:
-        return o
+        return None, (T, H, V)
     cd = compute_dtype(q.dtype)
     CD = tl.float64 if cd == torch.float64 else tl.float32
     if CONFIG["t_products"] not in T_PRODUCTS:
@@ -376,37 +374,54 @@ def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has
     BV = min(_block(CONFIG["bv"], "bv", (16, 32, 64, 128)), VP)
     BVP = min(_block(CONFIG["prep_bv"], "prep_bv", (16, 32, 64, 128)), VP)
     KB = min(_block(CONFIG["prep_bk"], "prep_bk", (0, 16, 32, 64)) or BK, BK)
+    # scale > 0 (the contract): equal values of it are equal bits, so the plan may hold it
     sc = float(K ** -0.5 if scale is None else scale)
     scale_t = cd == torch.float64
-    # fp64 runs read the exact scale from a tensor (float arguments arrive as fp32); filled on the device
-    sct = torch.full((1,), sc, dtype=cd, device=q.device) if scale_t else o
     dev = v.device
+    st = Staged()
+    # fp64 runs read the exact scale from a tensor (float arguments arrive as fp32): filled on the device per call
+    if scale_t:
+        st.filled("sct", sc, cd, dev)
+    else:
+        st.alias("sct", "o")
     NC = chunk_table_size(T, S, bt)
-    w = torch.empty((T, H, K), dtype=sdt, device=dev)
-    qp = torch.empty_like(w)
-    kg = torch.empty_like(w)
-    u = torch.empty((T, H, V), dtype=sdt, device=dev)
-    ou = torch.empty_like(u)
-    dl = torch.empty((NC, H, K), dtype=cd, device=dev)
+    w = st.buffer("w", (T, H, K), sdt, dev)
+    for name in ("qp", "kg"):
+        st.buffer(name, (T, H, K), sdt, dev)
+    u = st.buffer("u", (T, H, V), sdt, dev)
+    st.buffer("ou", (T, H, V), sdt, dev)
+    dl = st.buffer("dl", (NC, H, K), cd, dev)
     BLOCK_S = min(1024, max(16, next_power_of_2(S)))
-    pool = ssm_states
+    so = (out if out is not None else torch.empty((T, H, V), dtype=v.dtype, device="meta")).stride()
+    s_qsl, s_idx, s_hi = (t.stride(0) for t in unit_stride(*call[6:9]))
     rows_span = bt * max(abs(x.stride(0)) for x in (q, k, v, g, beta, w, u))
     wide = rows_span + max(K, V) * max(abs(x.stride(2)) for x in (q, k, v, g)) >= _gdn.WIDE_SPAN
-    with device_guard(q):
-        launch(_kda_prep_kernel, (NC, H),
-            q, k, v, g, beta, query_start_loc, sct, w, qp, kg, u, ou, dl,
-            S, K, V, sc,
-            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), query_start_loc.stride(0),
-            w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1),
-            BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
-            DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
-            FAST_THR=float(CONFIG["fast_thr"]), WIDE=wide, KB=KB, num_warps=int(CONFIG["prep_warps"]))
-        launch(_kda_scan_kernel, (S, H, cdiv(V, BV)),
-            w, qp, kg, u, ou, dl, o, pool, query_start_loc, cache_indices, has_initial_state,
-            K, V, int(pad_slot_id),
-            w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1), *o.stride(),
-            *pool.stride(), query_start_loc.stride(0), cache_indices.stride(0), has_initial_state.stride(0),
-            BT=bt, BK=BK, BV=BV, BLOCK_S=BLOCK_S, CD=CD, DOT=dot, PREC=prec,
-            STAGES=scan_stages(int(CONFIG["scan_stages"]), w.element_size(), bt, BK, BV),
-            num_warps=int(CONFIG["scan_warps"]))
-    return o
+    st.add(_kda_prep_kernel, (NC, H),
+           ("q", "k", "v", "g", "beta", "query_start_loc", "sct", "w", "qp", "kg", "u", "ou", "dl"),
+           (S, K, V, sc,
+            *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), s_qsl,
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1)),
+           BT=bt, SUB=sub, LOG2NB=(bt // sub).bit_length() - 1, BK=BK, BV=BVP, BLOCK_S=BLOCK_S, CD=CD,
+           DOT=dot, PREC=prec, TDOT=tdot, TPREC=tprec, L2NORM=bool(use_qk_l2norm), SCALE_T=scale_t,
+           FAST_THR=float(CONFIG["fast_thr"]), WIDE=wide, KB=KB, num_warps=int(CONFIG["prep_warps"]))
+    st.add(_kda_scan_kernel, (S, H, cdiv(V, BV)),
+           ("w", "qp", "kg", "u", "ou", "dl", "o", "ssm_states", "query_start_loc", "cache_indices",
+            "has_initial_state"),
+           (K, V, int(pad_slot_id),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), dl.stride(0), dl.stride(1), *so,
+            *ssm_states.stride(), s_qsl, s_idx, s_hi),
+           BT=bt, BK=BK, BV=BV, BLOCK_S=BLOCK_S, CD=CD, DOT=dot, PREC=prec,
+           STAGES=scan_stages(int(CONFIG["scan_stages"]), w.element_size(), bt, BK, BV),
+           num_warps=int(CONFIG["scan_warps"]))
+    return st, (T, H, V)
+
+
+_PLANS = HostPlans(C.validate_kda_varlen, _plan, CONFIG)
+
+
+@provides("triton", "kda_varlen")
+def kda_varlen(q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state, *, scale=None,
+               use_qk_l2norm=False, pad_slot_id=PAD_SLOT_ID, out=None):
+    """Kimi Delta Attention over packed sequences (see harness.ops for the contract)."""
+    return _gdn.run_varlen(_PLANS, q, k, v, g, beta, ssm_states, query_start_loc, cache_indices, has_initial_state,
+                           scale, use_qk_l2norm, pad_slot_id, out)

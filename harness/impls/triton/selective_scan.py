@@ -42,9 +42,9 @@ import triton.language as tl
 
 from harness import ops as C
 from harness.impls.registry import provides
-from harness.impls.triton._common import (launch, launch_config, cdiv, compute_dtype, device_guard, exp2_fast,
-                                          index_type, interpreting, next_power_of_2, nvidia_fast, silu_fast,
-                                          softplus_fast, unit_stride)
+from harness.impls.triton._common import (HostPlans, Staged, launch_config, cdiv, compute_dtype, device_guard,
+                                          exp2_fast, index_type, interpreting, next_power_of_2, nvidia_fast,
+                                          silu_fast, softplus_fast, unit_stride)
 from reference.validate import fail
 
 # Launch parameters (H200 sweep, `harness bench sweep --op selective_scan_varlen`: best of 36 at D=8192 N=16
@@ -375,17 +375,15 @@ def _st(t, i):
     return 0 if t is None else t.stride(i)
 
 
-@provides("triton", "selective_scan_varlen")
-def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
-                          has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None,
-                          chunk_size=None):
-    T, Dm, N, G, S = C.validate_selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states,
-                                                      query_start_loc, cache_indices, has_initial_state,
-                                                      pad_slot_id, out)
-    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
-    y = out if out is not None else torch.empty_like(u)
+def _plan(dims, call, delta_softplus, chunk_size):
+    """One call's launches (`call`: the validator's arguments, `out=` last) from the validator's answer: (the
+    `Staged` plan, or None where there is no sequence; the piece length L where the sequences are cut into
+    pieces, whose table the call computes on the device from query_start_loc, else None)."""
+    T, Dm, N, G, S = dims
+    u, delta, A, B, Cm, D, z, delta_bias, ssm_states = call[:9]
+    pad_slot_id, out = call[-2:]
     if S == 0:
-        return y
+        return None, None
     interp = interpreting()
     BN = next_power_of_2(N)
     BD = min(next_power_of_2(Dm), 16 if interp else CONFIG["bd"])
@@ -402,7 +400,6 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         L = max(64, cdiv(T * nD, CONFIG["programs"]))
     acc_t = compute_dtype(u.dtype)
     ACC = tl.float64 if acc_t == torch.float64 else tl.float32
-    hi = has_initial_state.view(torch.uint8)
     warps = 1 if interp else CONFIG["warps"]
     # under the interpreter (CPU suites) every prefetch depth gets exercised, chosen by the token count
     pf = int(CONFIG["pf"]) if not interp else (1, 2, 4)[T % 3]
@@ -418,37 +415,58 @@ def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, quer
         bt = min(bt, 4)
     dfirst = bool(CONFIG["dfirst"]) if not interp else T % 2 == 0
     NC = cdiv(T, L) + S  # bound on the piece count
+    y = out if out is not None else torch.empty_like(u, device="meta")  # a new y is empty_like(u)
     idx_t = index_type(u, delta, z, B, Cm, y, ssm_states, NC * Dm * N)
     fast = nvidia_fast(u) and acc_t == torch.float32
     opt = dict(ASSOC=mode == "assoc", BT=bt, BC_FULL=bool(CONFIG["bc_full"]), GU=(Dm // G) % BD == 0, PF=pf,
                DFIRST=dfirst, IDX=idx_t, FAST=fast, HAS_D=D is not None, HAS_Z=z is not None,
                HAS_DB=delta_bias is not None, SOFTPLUS=bool(delta_softplus), ACC=ACC, BD=BD, BN=BN, num_warps=warps)
-    Dp = D if D is not None else u
-    zp = z if z is not None else u
-    dbp = delta_bias if delta_bias is not None else u
     strides = (u.stride(0), u.stride(1), delta.stride(0), delta.stride(1), A.stride(0), A.stride(1),
                *B.stride(), *Cm.stride(), _st(D, 0), _st(z, 0), _st(z, 1), _st(delta_bias, 0),
                *ssm_states.stride(), y.stride(0), y.stride(1))
+    st = Staged()
+    ins = ("u", "delta", "A", "B", "Cm", "D" if D is not None else "u", "z" if z is not None else "u",
+           "delta_bias" if delta_bias is not None else "u", "ssm_states", "query_start_loc", "cache_indices", "hi",
+           "y")
+    if T <= L:
+        st.add(_scan_kernel, (nD, S) if dfirst else (S, nD), ins + ("query_start_loc", "u", "u"),
+               (Dm, N, Dm // G, S, L, pad_slot_id, *strides), MODE=0, NSTEPS=1, **opt)
+        return st, None
+    dev = u.device
+    st.buffer("hb", (NC, Dm, N), acc_t, dev)
+    st.buffer("sdt", (NC, Dm), acc_t, dev)
+    nsteps = max(1, int(S).bit_length())
+    grid = (nD, NC) if dfirst else (NC, nD)
+    values = (Dm, N, Dm // G, S, L, pad_slot_id, *strides)
+    st.add(_scan_kernel, grid, ins + ("cs", "hb", "sdt"), values, MODE=1, NSTEPS=nsteps, **opt)
+    st.add(_scan_combine_kernel, (S, nD), ("A", "ssm_states", "cache_indices", "hi", "cs", "hb", "sdt"),
+           (Dm, N, pad_slot_id, A.stride(0), A.stride(1), *ssm_states.stride()),
+           BD=BD, BN=BN, ACC=ACC, num_warps=warps)
+    st.add(_scan_kernel, grid, ins + ("cs", "hb", "sdt"), values, MODE=2, NSTEPS=nsteps, **opt)
+    return st, L
+
+
+_PLANS = HostPlans(C.validate_selective_scan_varlen, _plan, CONFIG)
+
+
+@provides("triton", "selective_scan_varlen")
+def selective_scan_varlen(u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
+                          has_initial_state, *, delta_softplus=True, pad_slot_id=C.PAD_SLOT_ID, out=None,
+                          chunk_size=None):
+    staged, L = _PLANS.plan((u, delta, A, B, Cm, D, z, delta_bias, ssm_states, query_start_loc, cache_indices,
+                             has_initial_state, pad_slot_id, out), (delta_softplus, chunk_size))
+    y = out if out is not None else torch.empty_like(u)
+    if staged is None:
+        return y
+    query_start_loc, cache_indices, has_initial_state = unit_stride(query_start_loc, cache_indices, has_initial_state)
+    tensors = dict(u=u, delta=delta, A=A, B=B, Cm=Cm, D=D, z=z, delta_bias=delta_bias, ssm_states=ssm_states,
+                   query_start_loc=query_start_loc, cache_indices=cache_indices,
+                   hi=has_initial_state.view(torch.uint8), y=y)
     with device_guard(u):
-        if T <= L:
-            launch(_scan_kernel, (nD, S) if dfirst else (S, nD),
-                   u, delta, A, B, Cm, Dp, zp, dbp, ssm_states, query_start_loc, cache_indices, hi,
-                   y, query_start_loc, u, u, Dm, N, Dm // G, S, L, pad_slot_id, *strides,
-                   MODE=0, NSTEPS=1, **opt)
-            return y
-        q = query_start_loc.to(torch.int64)
-        nch = (q[1:] - q[:-1] + (L - 1)) // L
-        cs = torch.zeros(S + 1, dtype=torch.int64, device=u.device)
-        torch.cumsum(nch, 0, out=cs[1:])
-        hb = torch.empty((NC, Dm, N), dtype=acc_t, device=u.device)
-        sdt = torch.empty((NC, Dm), dtype=acc_t, device=u.device)
-        nsteps = max(1, int(S).bit_length())
-        args = (u, delta, A, B, Cm, Dp, zp, dbp, ssm_states, query_start_loc, cache_indices, hi, y, cs, hb, sdt,
-                Dm, N, Dm // G, S, L, pad_slot_id, *strides)
-        grid = (nD, NC) if dfirst else (NC, nD)
-        launch(_scan_kernel, grid, *args, MODE=1, NSTEPS=nsteps, **opt)
-        launch(_scan_combine_kernel, (S, nD), A, ssm_states, cache_indices, hi, cs, hb, sdt, Dm, N, pad_slot_id,
-                                      A.stride(0), A.stride(1), *ssm_states.stride(),
-                                      BD=BD, BN=BN, ACC=ACC, num_warps=warps)
-        launch(_scan_kernel, grid, *args, MODE=2, NSTEPS=nsteps, **opt)
+        if L is not None:  # each sequence's first piece, on the device from the offsets (no synchronisation)
+            q = query_start_loc.to(torch.int64)
+            nch = (q[1:] - q[:-1] + (L - 1)) // L
+            cs = tensors["cs"] = torch.zeros(q.shape[0], dtype=torch.int64, device=u.device)
+            torch.cumsum(nch, 0, out=cs[1:])
+        staged.run(tensors)
     return y
