@@ -543,20 +543,52 @@ class HostPlans:
 
 
 class Staged:
-    """The launches of a multi-stage op as one plan's data: scratch buffers allocated anew on every call (`buffer`;
-    what the build reads of one is a meta-device stand-in's strides: a new tensor's), and per launch its
-    `Fixed`, the names of its tensor arguments (which come first in every kernel's signature) and the values
-    after them (`add`). `run` takes the call's tensors by name."""
-    __slots__ = ("scratch", "launches")
+    """The launches of a multi-stage op as one plan's data: scratch buffers allocated anew on every call (`buffer`,
+    `filled`, `view`; what the build reads of one is a meta-device stand-in's metadata: a new tensor's), and per
+    launch its `Fixed`, its arguments with the positions of its tensors and their names (`add`, `add_call`).
+    `run` takes the call's tensors by name."""
+    __slots__ = ("scratch", "launches", "names")
 
     def __init__(self):
         self.scratch: list = []
         self.launches: list = []
+        self.names: dict = {}  # while building: id(stand-in) -> (name, stand-in), for `add_call`
+
+    def _named(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        self.names[id(t)] = (name, t)
+        return t
+
+    def stand_in(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A view of the call's tensor `t` (a new object: two arguments that are one tensor in this call still get
+        a stand-in each) that `add_call` knows as `name`."""
+        return self._named(name, t.as_strided(t.shape, t.stride(), t.storage_offset()))
 
     def buffer(self, name: str, shape: tuple, dtype, device) -> torch.Tensor:
         """Scratch `name`, a new (shape, dtype) tensor on `device` per call; returns its meta stand-in."""
         self.scratch.append((name, torch.empty, tuple(shape), dict(dtype=dtype, device=device)))
-        return torch.empty(shape, dtype=dtype, device="meta")
+        return self._named(name, torch.empty(shape, dtype=dtype, device="meta"))
+
+    def view(self, name: str, of: str, base: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch.Tensor:
+        """Tensor `name`, per call the view (shape, stride, storage offset) of the call's tensor `of` (whose stand-in
+        is `base`); returns its stand-in."""
+        self.scratch.append((name, _as_strided, of, (tuple(shape), tuple(stride), offset)))
+        return self._named(name, base.as_strided(shape, stride, offset))
+
+    def adopt(self, names: tuple, tensors: tuple, device) -> tuple:
+        """Scratch named `names`: the meta-device tensors `tensors` a stage's allocating function made (whole new
+        tensors, or views of one it allocated: `_base`), allocated on `device` alike per call; returns their
+        stand-ins."""
+        out, bases = [], {}
+        for name, t in zip(names, tensors):
+            base = t._base
+            if base is None:
+                out.append(self.buffer(name, t.shape, t.dtype, device))
+                continue
+            if id(base) not in bases:
+                bases[id(base)] = (f"{name}:base", self.buffer(f"{name}:base", base.shape, base.dtype, device))
+            bname, stand = bases[id(base)]
+            out.append(self.view(name, bname, stand, t.shape, t.stride(), t.storage_offset()))
+        return tuple(out)
 
     def filled(self, name: str, value: float, dtype, device) -> None:
         """Scratch `name`, a new one-element tensor holding `value` per call (filled on the device)."""
@@ -567,7 +599,27 @@ class Staged:
         self.scratch.append((name, None, of, None))
 
     def add(self, kernel, grid, tensors: tuple, values: tuple, **kw) -> None:
-        self.launches.append((Fixed(kernel, grid, **kw), tensors, tuple(values)))
+        """A launch whose arguments are the tensors named `tensors`, then `values`."""
+        refs = tuple(enumerate(tensors))
+        self.launches.append((Fixed(kernel, grid, **kw), refs, (None,) * len(tensors) + tuple(values)))
+
+    def add_call(self, kernel, grid, args: tuple, **kw) -> None:
+        """A launch of `args` as a stage function builds them: every tensor among them a stand-in of this plan
+        (`stand_in`, `buffer`, `view`), known by name."""
+        refs = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                name, t = self.names.get(id(a), (None, None))
+                if t is not a:
+                    raise ValueError(f"Staged.add_call: argument {i} of {kernel} is a tensor the plan does not know")
+                refs.append((i, name))
+        self.launches.append((Fixed(kernel, grid, **kw), tuple(refs),
+                              tuple(None if isinstance(a, torch.Tensor) else a for a in args)))
+
+    def built(self) -> "Staged":
+        """The plan with its stand-ins released (they may view the call's tensors)."""
+        self.names = {}
+        return self
 
     def run(self, tensors: dict) -> None:
         """Allocate the scratch into `tensors` (name -> tensor: the call's) and make the launches in order."""
@@ -576,7 +628,15 @@ class Staged:
                 tensors[name] = tensors[args]
             elif make is torch.empty:
                 tensors[name] = torch.empty(args, **kw)
+            elif make is _as_strided:
+                tensors[name] = tensors[args].as_strided(*kw)
             else:
                 tensors[name] = make(*args, **kw)
-        for fixed, names, values in self.launches:
-            launch_fixed(fixed, *[tensors[n] for n in names], *values)
+        for fixed, refs, template in self.launches:
+            args = list(template)
+            for i, name in refs:
+                args[i] = tensors[name]
+            launch_fixed(fixed, *args)
+
+
+_as_strided = torch.Tensor.as_strided

@@ -63,15 +63,25 @@ def ssd_bmm(C, B, chunk_start, chunk_len, chunk_size: int, *, compute_dtype=torc
     cb = torch.empty((NC, G, chunk_size, chunk_size), dtype=out_dtype or compute_dtype, device=C.device)
     if NC == 0:
         return cb
+    grid, args, kw = bmm_call(C, B, chunk_start, chunk_len, cb, chunk_size, compute_dtype=compute_dtype,
+                              causal=causal, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                              num_stages=num_stages)
+    launch(_bmm_kernel, grid, *args, **kw)
+    return cb
+
+
+def bmm_call(C, B, chunk_start, chunk_len, cb, chunk_size: int, *, compute_dtype=torch.float32, causal=True,
+             block_m=None, block_n=None, block_k=None, num_warps=4, num_stages=2):
+    """`ssd_bmm`'s launch into `cb` (at least one chunk slot) as (grid, arguments, keywords)."""
+    N = C.shape[2]
+    NC = chunk_len.numel()
     bm = block_m or default_block(chunk_size)
     bn = block_n or default_block(chunk_size)
     bk = block_k or default_block(N)
     DOT, PREC = dot_types(C.dtype, compute_dtype)
     CD = tl.float64 if compute_dtype == torch.float64 else tl.float32
-    grid = (NC, G, cdiv(chunk_size, bm) * cdiv(chunk_size, bn))
-    launch(_bmm_kernel, grid,
-        C, B, chunk_start, chunk_len, cb, N, chunk_size,
-        C.stride(0), C.stride(1), C.stride(2), B.stride(0), B.stride(1), B.stride(2), *cb.stride(),
-        CD=CD, DOT=DOT, PREC=PREC, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=num_warps, num_stages=num_stages)
-    return cb
+    grid = (NC, C.shape[1], cdiv(chunk_size, bm) * cdiv(chunk_size, bn))
+    args = (C, B, chunk_start, chunk_len, cb, N, chunk_size,
+            C.stride(0), C.stride(1), C.stride(2), B.stride(0), B.stride(1), B.stride(2), *cb.stride())
+    return grid, args, dict(CD=CD, DOT=DOT, PREC=PREC, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                            num_warps=num_warps, num_stages=num_stages)

@@ -126,12 +126,13 @@ def split_limit(v: float) -> tuple[float, float]:
     return hi, float(v - hi)
 
 
-def front_buffers(dt, query_start_loc, chunk_size: int, compute_dtype, num_chunks=None):
-    """(dt_out, dA_cs, chunk_seq, chunk_start, chunk_len, seq_first) allocated for the stage's outputs."""
+def front_buffers(dt, query_start_loc, chunk_size: int, compute_dtype, num_chunks=None, device=None):
+    """(dt_out, dA_cs, chunk_seq, chunk_start, chunk_len, seq_first) allocated for the stage's outputs (on `device`,
+    default dt's)."""
     T, H = dt.shape
     S = query_start_loc.numel() - 1
     NC = num_chunks if num_chunks is not None else chunk_table_size(T, S, chunk_size)
-    dev = dt.device
+    dev = device or dt.device
     meta = torch.empty(3 * NC + max(S, 1), dtype=torch.int32, device=dev)
     dtA = torch.empty((2, H, NC, chunk_size), dtype=compute_dtype, device=dev)
     return dtA[0], dtA[1], meta[:NC], meta[NC:2 * NC], meta[2 * NC:3 * NC], meta[3 * NC:3 * NC + S]
@@ -167,10 +168,19 @@ def ssd_chunk_cumsum(dt, A, dt_bias, query_start_loc, chunk_size: int, *, dt_sof
     NC = bufs[2].numel()
     if NC == 0:
         return bufs
+    grid, args, kw = cumsum_call(dt, dt_bias, A, query_start_loc, chunk_size, bufs, dt_softplus, dt_limit,
+                                 compute_dtype, block_h, num_warps)
+    launch(_chunk_cumsum_kernel, grid, *args, **kw)
+    return bufs
+
+
+def cumsum_call(dt, dt_bias, A, query_start_loc, chunk_size: int, bufs, dt_softplus, dt_limit, compute_dtype,
+                block_h=None, num_warps=4):
+    """`ssd_chunk_cumsum`'s launch into `bufs` (`front_buffers`, at least one chunk slot) as (grid, arguments,
+    keywords)."""
     H = dt.shape[1]
     args, consts = front_args(dt, dt_bias, A, query_start_loc, chunk_size, bufs, dt_softplus, dt_limit,
                               compute_dtype)
     if block_h is None:
         block_h = max(1, min(next_power_of_2(H), max(1, 2048 // consts["BLOCK_L"])))
-    launch(_chunk_cumsum_kernel, (NC, cdiv(H, block_h)), *args, **consts, BLOCK_H=block_h, num_warps=num_warps)
-    return bufs
+    return (bufs[2].numel(), cdiv(H, block_h)), args, dict(consts, BLOCK_H=block_h, num_warps=num_warps)

@@ -289,11 +289,23 @@ def ssd_chunk_scan(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chun
     C and CB tiles), num_warps, num_stages, maxnreg (register cap, None: none; NVIDIA only),
     early_epilogue (read prev / x / z before the loop), block_n (the state-dim step of the
     carried-state dot on the `cb` path; fused: the whole N)."""
+    if chunk_len.numel() == 0:
+        return out
+    grid, args, kw = chunk_scan_call(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chunk_len, out,
+                                     compute_dtype=compute_dtype, B=B, block_m=block_m, block_p=block_p,
+                                     block_k=block_k, block_n=block_n, heads=heads, num_warps=num_warps,
+                                     num_stages=num_stages, maxnreg=maxnreg, early_epilogue=early_epilogue)
+    launch(_chunk_scan_kernel, grid, *args, **kw)
+    return out
+
+
+def chunk_scan_call(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chunk_len, out, *,
+                    compute_dtype=torch.float32, B=None, block_m=None, block_p=None, block_k=None, block_n=None,
+                    heads=None, num_warps=None, num_stages=None, maxnreg=None, early_epilogue=None):
+    """`ssd_chunk_scan`'s launch (at least one chunk slot) as (grid, arguments, keywords)."""
     T, H, P = x.shape
     G, N = C.shape[1], C.shape[2]
     NC = chunk_len.numel()
-    if NC == 0:
-        return out
     fused = cb is None
     # (ssd_varlen passes cb=None for half types, whose dots run on the tensor cores)
     if fused and (B is None or not fused_cb_ok(N)):
@@ -343,12 +355,10 @@ def ssd_chunk_scan(x, z, C, D, cb, dt_out, dA_cs, prev_states, chunk_start, chun
     opts = {"num_warps": num_warps or 4, "num_stages": num_stages or 2}
     if maxnreg and nvidia:
         opts["maxnreg"] = maxnreg
-    launch(_chunk_scan_kernel, grid,
-        x, zz, C, BB, D if D is not None else x, out, cbt, dt_out, dA_cs, prev_states, chunk_start, chunk_len,
-        H, P, N, H // G, sx[0], sx[1], sx[2], sz[0], sz[1], sz[2], so[0], so[1], so[2], sc[0], sc[1], sc[2],
-        sb[0], sb[1], sb[2], sDh, sDp, *cb_strides, dt_out.stride(0), dt_out.stride(1), *sp,
-        CD=CD, DOT=DOT, PREC=PREC, HAS_D=D is not None, HAS_Z=z is not None, FUSED_CB=fused, OFF64=off64,
-        EARLY_EPI=bool(early_epilogue), HB=hb, FAST_EXP=nvidia_fast(x) and CD == tl.float32,
-        NUM_M=num_m, NUM_P=num_p, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
-        BLOCK_N=bn, **opts)
-    return out
+    args = (x, zz, C, BB, D if D is not None else x, out, cbt, dt_out, dA_cs, prev_states, chunk_start, chunk_len,
+            H, P, N, H // G, sx[0], sx[1], sx[2], sz[0], sz[1], sz[2], so[0], so[1], so[2], sc[0], sc[1], sc[2],
+            sb[0], sb[1], sb[2], sDh, sDp, *cb_strides, dt_out.stride(0), dt_out.stride(1), *sp)
+    kw = dict(CD=CD, DOT=DOT, PREC=PREC, HAS_D=D is not None, HAS_Z=z is not None, FUSED_CB=fused, OFF64=off64,
+              EARLY_EPI=bool(early_epilogue), HB=hb, FAST_EXP=nvidia_fast(x) and CD == tl.float32,
+              NUM_M=num_m, NUM_P=num_p, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk, BLOCK_N=bn, **opts)
+    return grid, args, kw

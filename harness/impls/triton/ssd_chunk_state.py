@@ -161,15 +161,31 @@ def ssd_chunk_state(x, B, dt_out, dA_cs, chunk_start, chunk_len, *, compute_dtyp
     chunk_start, chunk_len are ignored, pass None) and the return value is
     (states, dt_out, dA_cs, chunk_seq, chunk_start, chunk_len, seq_first)."""
     T, H, P = x.shape
-    G, N = B.shape[1], B.shape[2]
+    bufs = None
     if front is not None:
         cs = front["chunk_size"]
         bufs = front_buffers(front["dt"], front["query_start_loc"], cs, compute_dtype, front.get("num_chunks"))
         dt_out, dA_cs, _, chunk_start, chunk_len, _ = bufs
     NC = chunk_len.numel()
-    states = torch.empty((NC, H, P, N), dtype=compute_dtype, device=x.device)
+    states = torch.empty((NC, H, P, B.shape[2]), dtype=compute_dtype, device=x.device)
     if NC == 0:
         return states if front is None else (states, *bufs)
+    grid, args, kw = chunk_state_call(x, B, dt_out, dA_cs, chunk_start, chunk_len, states,
+                                      compute_dtype=compute_dtype, block_p=block_p, block_n=block_n, block_k=block_k,
+                                      heads=heads, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
+                                      front=front, bufs=bufs)
+    launch(_chunk_state_kernel, grid, *args, **kw)
+    return states if front is None else (states, *bufs)
+
+
+def chunk_state_call(x, B, dt_out, dA_cs, chunk_start, chunk_len, states, *, compute_dtype=torch.float32,
+                     block_p=None, block_n=None, block_k=None, heads=None, num_warps=None, num_stages=None,
+                     maxnreg=None, front=None, bufs=None):
+    """`ssd_chunk_state`'s launch into `states` (at least one chunk slot) as (grid, arguments, keywords): `front`
+    as there, with `bufs` its `front_buffers`."""
+    T, H, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    NC = chunk_len.numel()
     cs = dt_out.shape[2]
     interp = interpreting()
     if not interp and all(v is None for v in (block_p, block_n, block_k, heads, num_warps, num_stages, maxnreg)):
@@ -199,11 +215,10 @@ def ssd_chunk_state(x, B, dt_out, dA_cs, chunk_start, chunk_len, *, compute_dtyp
         extra = (x, x, x, chunk_len, chunk_len, chunk_len, H, 1, cs, 0.0, 0.0, 0.0, 0.0, 0, 0)
         fconst = dict(FRONT=False, HAS_BIAS=False, SOFTPLUS=False, BLOCK_S=16, BLOCK_L=16)
     grid = (NC, H // hb, cdiv(P, bp) * cdiv(N, bn))
-    launch(_chunk_state_kernel, grid,
-        x, B, dt_out, dA_cs, chunk_start, chunk_len, states, P, N, H // G,
-        sxt, sxh, sxp, sbt, sbg, sbn,
-        dt_out.stride(0), dt_out.stride(1), *states.stride(), *extra,
-        CD=CD, DOT=DOT, PREC=PREC, OFF64=off64, HB=hb, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **fconst,
-        num_warps=num_warps or 4, num_stages=num_stages or 2,
-        **({"maxnreg": maxnreg} if maxnreg and x.device.type != "xpu" and torch.version.hip is None else {}))
-    return states if front is None else (states, *bufs)
+    args = (x, B, dt_out, dA_cs, chunk_start, chunk_len, states, P, N, H // G,
+            sxt, sxh, sxp, sbt, sbg, sbn,
+            dt_out.stride(0), dt_out.stride(1), *states.stride(), *extra)
+    kw = dict(CD=CD, DOT=DOT, PREC=PREC, OFF64=off64, HB=hb, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **fconst,
+              num_warps=num_warps or 4, num_stages=num_stages or 2,
+              **({"maxnreg": maxnreg} if maxnreg and x.device.type != "xpu" and torch.version.hip is None else {}))
+    return grid, args, kw

@@ -95,15 +95,25 @@ def ssd_state_passing(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_
     prev = torch.empty((NC, H, P, N), dtype=prev_dtype or states.dtype, device=states.device)
     if S == 0:
         return prev
+    grid, args, kw = state_passing_call(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_states,
+                                        cache_indices, has_initial_state.view(torch.int8), prev, chunk_size,
+                                        pad_slot_id=pad_slot_id, block=block, block_c=block_c, num_warps=num_warps)
+    launch(_state_passing_kernel, grid, *args, **kw)
+    return prev
+
+
+def state_passing_call(states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_states, cache_indices, init, prev,
+                       chunk_size: int, *, pad_slot_id=-1, block=None, block_c=None, num_warps=4):
+    """`ssd_state_passing`'s launch into `prev` (at least one sequence) as (grid, arguments, keywords); `init`:
+    has_initial_state as int8."""
+    NC, H, P, N = states.shape
+    S = query_start_loc.numel() - 1
     blk = block or (max(16, min(1024, next_power_of_2(P * N))) if interpreting() else 1024)
     bc = block_c or (4 if interpreting() else 8)
     CD = tl.float64 if states.dtype == torch.float64 else tl.float32
     grid = (S, H, cdiv(P * N, blk))
-    launch(_state_passing_kernel, grid,
-        states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_states, cache_indices,
-        has_initial_state.view(torch.int8),
-        prev, P, N, chunk_size, pad_slot_id,
-        states.stride(0), states.stride(1), dA_cs.stride(0), dA_cs.stride(1),
-        *ssm_states.stride(), prev.stride(0), prev.stride(1),
-        CD=CD, BLOCK=blk, BLOCK_C=bc, num_warps=num_warps)
-    return prev
+    args = (states, dA_cs, chunk_len, seq_first, query_start_loc, ssm_states, cache_indices, init,
+            prev, P, N, chunk_size, pad_slot_id,
+            states.stride(0), states.stride(1), dA_cs.stride(0), dA_cs.stride(1),
+            *ssm_states.stride(), prev.stride(0), prev.stride(1))
+    return grid, args, dict(CD=CD, BLOCK=blk, BLOCK_C=bc, num_warps=num_warps)
