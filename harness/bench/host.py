@@ -9,9 +9,10 @@ the index range checks (which read the slot ids and offsets on the host) and ins
 Then the `triton` implementation's op on the same input set inside `no_index_checks()` with every kernel
 launch replaced by what the launch shortcut computes before it hands a call to the compiled kernel (its key:
 `_common.launch_key`, or `_common.fixed_key` for a launch of an op's launch plan): the validator or the plan's
-lookup, the launch parameters, scratch allocations and the key, without the kernel launcher and the driver (a GPU machine's figure is `harness bench`'s `launch_ms`). It is called with
-`out=` given where the op takes one (on the CPU a large output's allocation would dominate; the GPU's caching
-allocator returns one in microseconds). The figures are p50 microseconds per call through
+lookup, the launch parameters, scratch allocations and the key, without the kernel launcher and the driver (a
+GPU machine's figure is `harness bench`'s `launch_ms`). It is called with `out=` given where the op takes one
+(on the CPU a large output's allocation would dominate; the GPU's caching allocator returns one in
+microseconds). The figures are p50 microseconds per call through
 `harness.bench.timing.measure`.
 
     harness bench host                       # every op
