@@ -106,6 +106,7 @@ def _guard_out(spec: OpSpec) -> None:
         tensor_at = frozenset(names.index(a) for a in spec.args if a in names)
         # the arguments whose memory must be their own: out=, and an argument written whole in place
         alone = (i_out,) + ((names.index(spec.pool),) if spec.pool and spec.index is None else ())
+        i_same = names.index(spec.in_place) if spec.in_place else None  # out= may be this argument itself
         answers: dict = {}
 
         def check_out(out, full):
@@ -135,7 +136,7 @@ def _guard_out(spec: OpSpec) -> None:
                 if len(answers) >= _MEMO_SIZE:
                     answers.clear()
                 answers[key] = (result, ck.alone_spans([t if i in tensor_at or i == i_out else None
-                                                        for i, t in enumerate(full)], alone))
+                                                        for i, t in enumerate(full)], alone, i_same))
             return result
         call.__doc__, call.__wrapped__ = getattr(fn, "__doc__", None), fn
         return call

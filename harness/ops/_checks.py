@@ -458,8 +458,7 @@ def shares_memory(a, b) -> bool:
 
 def same_view(a, b) -> bool:
     """`a` and `b` are the same elements in the same order: one tensor, or two views of it alike."""
-    return (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and a.data_ptr() == b.data_ptr())
+    return same_view_shape(a, b) and a.data_ptr() == b.data_ptr()
 
 
 def check_out_alone(out, tensors: dict, in_place: str | None = None) -> None:
@@ -472,10 +471,10 @@ def check_out_alone(out, tensors: dict, in_place: str | None = None) -> None:
     if eo is None:
         return
     for name, t in tensors.items():
-        # apart address ranges answer at once; `shares_memory` tells devices and interleaved views apart
-        if not isinstance(t, _Tensor) or _extents_apart(eo, _byte_extent(t)) or not shares_memory(out, t):
-            continue
-        if name == in_place and same_view(out, t):
+        # apart address ranges answer at once; the in-place argument itself is admitted without comparing its
+        # elements; `shares_memory` tells devices and interleaved views apart
+        if not isinstance(t, _Tensor) or _extents_apart(eo, _byte_extent(t)) \
+                or (name == in_place and same_view(out, t)) or not shares_memory(out, t):
             continue
         own = "memory of its own (no element shared with an input or the state pool)"
         expected = own if in_place is None else f"{own}, or {in_place} itself (in place)"
@@ -515,40 +514,48 @@ def _nbytes_spanned(t) -> int:
     return (span + 1) * t.element_size()
 
 
-def out_spans(out, tensors) -> tuple:
-    """What `out_apart` compares, from metadata alone (one signature's): ((position, bytes spanned), ...) of
-    the tensors among `tensors` (a sequence, None and non-tensors skipped) that have elements on `out`'s device,
-    and `out`'s own span (0: `out` has no elements, nothing to compare)."""
+def out_spans(out, tensors, same: int | None = None) -> tuple:
+    """What `out_apart` compares, from metadata alone (one signature's): ((position, bytes spanned, whether a
+    range at `out`'s own address is `out` itself), ...) of the tensors among `tensors` (a sequence, None and
+    non-tensors skipped) that have elements on `out`'s device, and `out`'s own span (0: `out` has no elements,
+    nothing to compare). `same`: the position of the argument `out` may be (the spec's `in_place`): at `out`'s
+    address with `out`'s dtype, shape and strides, it is `out` itself (`same_view`)."""
     span = _nbytes_spanned(out)
     if not span:
         return (), 0
     dev = out.device
-    return tuple((i, n) for i, t in enumerate(tensors) if isinstance(t, _Tensor) and t.device == dev
-                 and (n := _nbytes_spanned(t))), span
+    return tuple((i, n, i == same and same_view_shape(out, t)) for i, t in enumerate(tensors)
+                 if isinstance(t, _Tensor) and t.device == dev and (n := _nbytes_spanned(t))), span
+
+
+def same_view_shape(a, b) -> bool:
+    """`same_view(a, b)` but for the addresses."""
+    return a.device == b.device and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
 
 
 def out_apart(out, tensors, spans) -> bool:
     """Whether `out`'s byte range meets none of the byte ranges of `tensors` (`spans` = `out_spans` of a call
-    with the same metadata): then `check_out_alone` passes. False decides nothing (interleaved views, an
-    in-place output): the caller runs `check_out_alone`."""
+    with the same metadata) but where that tensor is `out` itself as the in-place argument: then
+    `check_out_alone` passes. False decides nothing (interleaved views): the caller runs `check_out_alone`."""
     at, span = spans
     if not span:
         return True
     lo = out.data_ptr()
     hi = lo + span
-    for i, n in at:
+    for i, n, itself in at:
         p = tensors[i].data_ptr()
-        if p < hi and lo < p + n:
+        if p < hi and lo < p + n and not (itself and p == lo):
             return False
     return True
 
 
-def alone_spans(args, alone) -> tuple:
+def alone_spans(args, alone, same: int | None = None) -> tuple:
     """`out_spans` of each tensor at a position of `alone` among `args` (the arguments that must share no memory
-    with the others: `out=`, an argument written whole in place), against the other arguments:
-    ((position, spans), ...)."""
-    return tuple((w, out_spans(args[w], [None if i == w else t for i, t in enumerate(args)]))
-                 for w in alone if isinstance(args[w], _Tensor))
+    with the others: `out=` first, an argument written whole in place), against the other arguments:
+    ((position, spans), ...); `same`: the position of the argument `out=` may be itself."""
+    return tuple((w, out_spans(args[w], [None if i == w else t for i, t in enumerate(args)],
+                               same if k == 0 else None))
+                 for k, w in enumerate(alone) if isinstance(args[w], _Tensor))
 
 
 def all_apart(args, spans) -> bool:

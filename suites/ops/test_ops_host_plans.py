@@ -295,3 +295,23 @@ def test_plan_honours_offsets_rewritten_in_place(device, op):
     assert_bitwise_equal(f"{op}: output after the offsets changed", got, want)
     if sp.pool:
         assert_bitwise_equal(f"{op}: pool after the offsets changed", run[sp.pool], fresh[sp.pool])
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if SPECS[op].in_place])
+def test_in_place_calls_through_a_cached_plan(device, op):
+    """`out=` the in-place argument itself, call after call (the plan and the validators' memo cached): accepted,
+    with the out-of-place result bit for bit; an output one element into it is still rejected."""
+    impl = _triton(device)
+    sp = SPECS[op]
+    fn = _op(impl, op)
+    kw = _contract(sp, device)
+    want = sp.call(fn, _clone(kw))
+    with no_index_checks():
+        for _ in range(3):
+            run = _clone(kw)
+            got = sp.call(fn, dict(run, out=run[sp.in_place]))
+            assert got.data_ptr() == run[sp.in_place].data_ptr()
+            assert_bitwise_equal(f"{op}: in place through a cached plan", got, want)
+        bad, bad_out = _overlapping(kw, sp.in_place, want)
+        with pytest.raises(ValueError, match="out"):
+            sp.call(fn, dict(bad, out=bad_out))

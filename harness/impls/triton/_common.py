@@ -511,11 +511,12 @@ class HostPlans:
     """The launch plans of one op by call signature: `build(validate(*call), call, *options)` makes one (see
     `plan`); `config`: the module's launch configuration (a plan made under other values is stale: it is
     compared on every lookup, as tests and sweeps change it in place); `alone`: the positions in the call of
-    the arguments besides `out=` whose memory must be their own (one written whole in place)."""
-    __slots__ = ("validate", "build", "config", "alone", "plans")
+    the arguments besides `out=` whose memory must be their own (one written whole in place); `same`: the
+    position of the argument `out=` may be itself (the spec's `in_place`)."""
+    __slots__ = ("validate", "build", "config", "alone", "same", "plans")
 
-    def __init__(self, validate, build, config: dict | None = None, alone: tuple = ()):
-        self.validate, self.build, self.config, self.alone = validate, build, config, alone
+    def __init__(self, validate, build, config: dict | None = None, alone: tuple = (), same: int | None = None):
+        self.validate, self.build, self.config, self.alone, self.same = validate, build, config, alone, same
         self.plans: dict = {}
 
     def plan(self, call: tuple, options: tuple = ()):
@@ -535,7 +536,7 @@ class HostPlans:
                 validate(*call)
             return hit[3]
         made = self.build(validate(*call), call, *options)
-        spans = alone_spans(call, (len(call) - 1,) + self.alone)
+        spans = alone_spans(call, (len(call) - 1,) + self.alone, self.same)
         if len(self.plans) >= _MAX_KEYS:
             self.plans.clear()
         self.plans[key] = (_ENV_READS[0], None if cfg is None else copy.deepcopy(cfg), spans, made)

@@ -357,7 +357,7 @@ def _plan_update(dims, call):
     return fixed, (Bsz, D), (*sx, *sw, sb, *ss, *sy)
 
 
-_UPDATE_PLANS = HostPlans(C.validate_causal_conv1d_update, _plan_update, CONFIG)
+_UPDATE_PLANS = HostPlans(C.validate_causal_conv1d_update, _plan_update, CONFIG, same=0)  # out= may be x
 
 
 @provides("triton", "causal_conv1d_update")

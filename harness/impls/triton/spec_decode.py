@@ -318,7 +318,7 @@ def _plan_conv(dims, call):
     return fixed, (D,), (*sx, *sw, sb, *ss, *sy, *unit_stride(table)[0].stride())
 
 
-_CONV_PLANS = HostPlans(C.validate_causal_conv1d_update_spec, _plan_conv, CONFIG)
+_CONV_PLANS = HostPlans(C.validate_causal_conv1d_update_spec, _plan_conv, CONFIG, same=0)  # out= may be x
 
 
 @provides("triton", "causal_conv1d_update_spec")
