@@ -211,3 +211,24 @@ def test_hooks_are_seen_in_either_form():
             assert _common.hooked(knobs.runtime)
         finally:
             chain.remove(hook)
+
+
+@given(alphas=st.lists(st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1e300, -1e-300, 3.5e38])), min_size=2,
+                       max_size=6),
+       offsets=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), min_size=2, max_size=6))
+def test_fixed_keys_have_equal_specialisations(alphas, offsets):
+    """Property: a launch plan's launches (`launch_fixed`) pass the same values but for float arguments and the
+    tensors' addresses; their key (`fixed_key`: the launch and each tensor's 16-byte alignment) maps calls that
+    differ only there onto one specialisation and options of Triton's binder (floats of any magnitude, NaN,
+    infinities, signed zeros; pointers at any offset)."""
+    from triton.backends.compiler import BaseBackend
+    kernel = _jit()
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    fixed = _common.Fixed(kernel, (1,), BLOCK=16)
+    seen = {}
+    buf = _BUFS[torch.float32]
+    for alpha, (ox, oy) in zip(alphas, offsets):
+        args = (buf[ox:], buf[oy:], 7, 1, 16, alpha, True)
+        _, spec, options = binder(*args, **fixed.kw)
+        want = (repr(spec), sorted(options.items()))
+        assert seen.setdefault(_common.fixed_key(fixed, args), want) == want, (alpha, ox, oy)

@@ -504,8 +504,9 @@ def _launch(kernel, grid, args: tuple, kw: dict, fixed: Fixed | None):
 # with the other arguments' (the contract's aliasing rules, the only checks that read more than metadata:
 # `harness.ops._checks.all_apart`) and launches. The validator runs in full on a signature's first call, whenever
 # the index checks are on (they read the slot ids and offsets), and where those byte ranges meet (it then decides
-# element by element, or raises). A plan holds no value
-# of the call's float arguments (0.0 and -0.0 are one key): ops read those from the call.
+# element by element, or raises). 0.0 and -0.0 are one key: a plan holds a value derived from a float argument
+# only where equal values are equal bits (a scale, > 0 by the contract) or the argument's repr is a key too
+# (ssd's dt_limit); ops read the others from the call. A plan holds no value read from a tensor.
 
 class HostPlans:
     """The launch plans of one op by call signature: `build(validate(*call), call, *options)` makes one (see
