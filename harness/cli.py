@@ -84,11 +84,10 @@ def suite_command(args, root: str, results: str, outcomes: str) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    import json
     import subprocess
     from collections import Counter
 
-    from harness.records import new_run_id, read_records
+    from harness.records import new_run_id, read_records, write_json
     root = _repo_root()
     if args.op:
         from harness.ops import SPECS
@@ -119,10 +118,7 @@ def cmd_run(args) -> int:
     summary = {"run_id": run_id, "pytest_exit": rc, "comparisons": len(comps),
                "failed": sum(1 for r in comps if r["verdict"] != "pass"),
                "by_case": [dict(op=o, impl=i, dtype=d, verdict=v, n=n) for (o, i, d, v), n in sorted(by.items())]}
-    tmp = os.path.join(out, "summary.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(tmp, os.path.join(out, "summary.json"))
+    write_json(os.path.join(out, "summary.json"), summary)
     print(f"harness run: {len(comps)} comparisons, {summary['failed']} failed; results {results}")
     status = 0 if rc == 0 else 1
     if "bench" in steps:

@@ -41,15 +41,13 @@ without that line, with a warning on stderr.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from harness.records import TornRecordWarning
+from harness.records import TornRecordWarning, write_json
 from harness.report.runs import Run, RunError, check_same_device, load_run, num, shape_key
 
 GATING_KINDS = ("accuracy", "new-failure", "error-growth", "performance", "host-overhead", "missing",
@@ -432,12 +430,7 @@ def run_gate(args) -> int:
     print(table)
     if args.json:
         try:
-            tmp = args.json + ".tmp"
-            d = os.path.dirname(os.path.abspath(args.json))
-            os.makedirs(d, exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump(res.to_dict(), f, indent=1, default=str)
-            os.replace(tmp, args.json)
+            write_json(args.json, res.to_dict())
         except OSError as e:
             print(f"harness gate: --json: expected a writable path, got {type(e).__name__}: {e}", file=sys.stderr)
             return 2

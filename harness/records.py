@@ -24,6 +24,7 @@ Crash safety (a writer killed at any byte loses no completed record)
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -44,6 +45,24 @@ class TornRecordWarning(UserWarning):
 
 class ResultsFileError(ValueError):
     """A results file that cannot be read as our records (or pytest-benchmark JSON)."""
+
+
+def write_json(path, obj, indent: int = 1) -> None:
+    """`obj` as one JSON document at `path`, whole or not at all: written to a temporary file in the same folder
+    (made if missing), then renamed over `path`, so a process killed while writing leaves the old file."""
+    import tempfile
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".", suffix=".json.tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=indent, default=str)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _clean(v):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from harness.records import RecordWriter, ResultsFileError, TornRecordWarning, _whole_json, read_records
+from harness.records import (RecordWriter, ResultsFileError, TornRecordWarning, _whole_json, read_records,
+                             write_json)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -178,3 +179,19 @@ def test_short_write_is_cut_off_and_reported(tmp_path, monkeypatch):
     assert [r["kind"] for r in read_records(path)] == ["env"]
     with open(path, "rb") as f:
         assert f.read().endswith(b"\n")
+
+
+def test_write_json_is_whole_or_not_at_all(tmp_path):
+    """`write_json` replaces a document whole; one that fails while being written leaves the old file as it was
+    and no temporary file beside it."""
+    path = tmp_path / "d" / "s.json"
+    write_json(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("cannot be written")
+
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        write_json(path, {"a": 2, "b": Unprintable()})
+    assert json.loads(path.read_text()) == {"a": 1} and os.listdir(path.parent) == ["s.json"]

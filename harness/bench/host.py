@@ -17,6 +17,7 @@ microseconds). The figures are p50 microseconds per call through
 
     harness bench host                       # every op
     harness bench host --op gated_delta_rule_update,causal_conv1d_update --min-time 0.5
+    harness bench host --shapes gpu --json reports/baselines/cpu/host.json
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def add_args(p) -> None:
     p.add_argument("--shapes", default="contract,gpu",
                    help="shape lists of the specs to time (comma-separated; default contract,gpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default 1)")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write the rows and the environment (versions, CPU) as one JSON document")
 
 
 def _materialize(spec, shape: dict, dtype) -> dict:
@@ -169,5 +172,10 @@ def run_cli(args) -> int:
     from harness.bench.cli import budget_from
     budget = budget_from(args, "cpu") if any(getattr(args, a, None) is not None
                                              for a in ("reps", "min_time", "max_time", "warmup")) else None
-    print(format_rows(time_validators(ops, kinds, budget, triton_path=True)))
+    rows = time_validators(ops, kinds, budget, triton_path=True)
+    print(format_rows(rows))
+    if args.json:
+        from harness.env import environment
+        from harness.records import write_json
+        write_json(args.json, {"env": environment("cpu"), "threads": torch.get_num_threads(), "rows": rows})
     return 0

@@ -23,7 +23,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from harness.bench.args import add_loader_args as add_args  # the parser needs no torch
+from harness.records import write_json
 
 
 def mamba2_config(n_layer: int, d_model: int = 2048, vocab: int = 50288) -> dict:
@@ -234,9 +234,7 @@ def run_cli(a) -> int:
     if a.out:
         write_records(r, a.out)
     if a.json:
-        tmp = a.json.with_suffix(a.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(r, indent=2))
-        os.replace(tmp, a.json)
+        write_json(a.json, r, indent=2)
     return 0
 
 

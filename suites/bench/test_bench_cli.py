@@ -425,6 +425,20 @@ def test_bench_host_subcommand(capsys):
     assert main(["bench", "host", "--shapes", "contract,nope"]) == 2
 
 
+def test_bench_host_json(tmp_path, capsys):
+    """`--json` writes the printed rows and the environment as one document (made whole or not at all)."""
+    import json
+    out = tmp_path / "sub" / "host.json"
+    assert main(["bench", "host", "--op", "gated_rms_norm", "--shapes", "contract", "--reps", "3",
+                 "--min-time", "0", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[1:]
+    doc = json.loads(out.read_text())
+    assert doc["env"]["device"] == "cpu" and doc["threads"] == 1 and len(doc["rows"]) == len(printed) >= 1
+    assert [r["op"] for r in doc["rows"]] == [ln.split()[0] for ln in printed] == ["gated_rms_norm"] * len(printed)
+    assert all(r["us_p50"] > 0 and r["us_p50_triton"] > 0 for r in doc["rows"])
+    assert [p.name for p in out.parent.iterdir()] == ["host.json"]  # no temporary file left
+
+
 def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
     """The "triton path" column: our op's Python path per call with every kernel launch replaced by the launch
     shortcut's key (no kernel runs), `out=` given; it exceeds the validator's time (the validator is part of it),
