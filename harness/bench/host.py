@@ -13,11 +13,12 @@ lookup, the launch parameters, scratch allocations and the key, without the kern
 GPU machine's figure is `harness bench`'s `launch_ms`). It is called with `out=` given where the op takes one
 (on the CPU a large output's allocation would dominate; the GPU's caching allocator returns one in
 microseconds). The figures are p50 microseconds per call through
-`harness.bench.timing.measure`.
+`harness.bench.timing.measure`. With `--engine`, one eager engine decode step of each named family's small model
+(`time_engine_decode`) likewise, per layer: the mixers' glue, projections and norms besides the ops.
 
     harness bench host                       # every op
     harness bench host --op gated_delta_rule_update,causal_conv1d_update --min-time 0.5
-    harness bench host --shapes gpu --json reports/baselines/cpu/host.json
+    harness bench host --shapes gpu --engine all --json reports/baselines/cpu/host.json
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def add_args(p) -> None:
     p.add_argument("--shapes", default="contract,gpu",
                    help="shape lists of the specs to time (comma-separated; default contract,gpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default 1)")
+    p.add_argument("--engine", default=None, metavar="FAMILIES",
+                   help="also time an eager engine decode step's host path per layer for these families "
+                        "(comma-separated, or 'all'; `time_engine_decode`)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write the rows and the environment (versions, CPU) as one JSON document")
 
@@ -146,6 +150,55 @@ def _time_triton_path(fn, pos, opt, budget) -> float | None:
         return measure(lambda: fn(*pos, **opt), "cpu", budget).eager.ms_p50 * 1e3
 
 
+# the engine decode step's model: every family's sizes small (heads, head and state widths), so that the
+# projections' arithmetic on the CPU stays a few microseconds; an op's host path does not depend on them
+SMALL_FIELDS = dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, num_heads=4, kda_head_dim=16,
+                    d_state=16, dt_rank=16, head_dim=16, n_groups=2)
+
+
+def time_engine_decode(family_names=None, layers: int = 4, batch: int = 64, d_model: int = 64,
+                       budget=None, dtype: str = CONTRACT_DTYPE) -> list[dict]:
+    """Rows {family, layers, batch, d_model, us_p50_step, us_p50_layer}: the host path of one eager engine decode
+    step (`EngineRunner.forward` of `batch` one-token requests, inside `no_index_checks()` as the engine runs
+    its ops) with the `triton` implementation's kernel launches keyed only (`launches_keyed_only`): the mixers'
+    glue, projections, norms and our ops' Python paths, per step and per layer, on the CPU, of a model of
+    `SMALL_FIELDS` sizes in float32 (bf16 matrix products are slow on most CPUs)."""
+    import torch
+
+    from harness.bench.throughput import device_params, model_config
+    from harness.bench.timing import Budget, measure
+    from harness.engine.metadata import build_metadata
+    from harness.engine.runner import EngineRunner
+    from harness.engine.scheduler import BatchEntry
+    from harness.impls.registry import get
+    from harness.ops import no_index_checks
+    from reference import families
+    budget = budget or Budget(min_reps=50, min_time=0.5, max_time=5.0, warmup=5)
+    dtype = getattr(torch, dtype)
+    rows = []
+    for name in family_names or families.names():
+        cfg = model_config(name, layers, d_model, vocab=256, **SMALL_FIELDS)
+        runner = EngineRunner((cfg, device_params(cfg, "cpu", dtype)), get("triton"), num_slots=batch,
+                              token_budget=batch, dtype=dtype, device="cpu", poison_free_slots=False)
+        for _ in range(batch):
+            runner.pool.alloc()
+        md = build_metadata([BatchEntry(i, i, 8, 1, True) for i in range(batch)], chunk_size=runner.chunk_size,
+                            device="cpu")
+        tokens = torch.zeros(batch, dtype=torch.long)
+        with torch.inference_mode(), no_index_checks(), launches_keyed_only():
+            us = measure(lambda: runner.forward(tokens, md), "cpu", budget).eager.ms_p50 * 1e3
+        rows.append(dict(family=name, layers=layers, batch=batch, d_model=d_model, dtype=str(dtype)[6:], us_p50_step=us,
+                         us_p50_layer=us / layers))
+    return rows
+
+
+def format_engine_rows(rows) -> str:
+    lines = [f"{'family':12s} {'layers':>6s} {'batch':>5s} {'d_model':>7s} {'us/step':>9s} {'us/layer':>9s}"]
+    lines += [f"{r['family']:12s} {r['layers']:6d} {r['batch']:5d} {r['d_model']:7d} {r['us_p50_step']:9.1f} "
+              f"{r['us_p50_layer']:9.1f}" for r in rows]
+    return "\n".join(lines)
+
+
 def format_rows(rows) -> str:
     lines = [f"{'op':28s} {'shapes':8s} {'dtype':9s} {'us/validate':>11s} {'no index':>9s} {'triton path':>11s}  "
              f"shape"]
@@ -172,10 +225,19 @@ def run_cli(args) -> int:
     from harness.bench.cli import budget_from
     budget = budget_from(args, "cpu") if any(getattr(args, a, None) is not None
                                              for a in ("reps", "min_time", "max_time", "warmup")) else None
+    fams = None
+    if args.engine:
+        from reference import families
+        fams = list(families.names()) if args.engine == "all" else \
+            check_names("--engine", split_names([args.engine]), list(families.names()))
     rows = time_validators(ops, kinds, budget, triton_path=True)
     print(format_rows(rows))
+    doc = {"rows": rows}
+    if fams:
+        doc["engine"] = time_engine_decode(fams, budget=budget)
+        print("\neager engine decode step, host path (kernels not run)\n" + format_engine_rows(doc["engine"]))
     if args.json:
         from harness.env import environment
         from harness.records import write_json
-        write_json(args.json, {"env": environment("cpu"), "threads": torch.get_num_threads(), "rows": rows})
+        write_json(args.json, {"env": environment("cpu"), "threads": torch.get_num_threads(), **doc})
     return 0

@@ -54,6 +54,7 @@ def test_op_filter_takes_comma_lists(capsys):
     (["bench", "sweep", "--device", "cpu", "--op", "ssd_varlen", "--group", "nope", "--list"], "--group", "nope"),
     (["bench", "throughput", "--device", "cpu", "--impl", "nope", "--no-hf"], "--impl", "nope"),
     (["bench", "host", "--op", "gated_rms_norm,nonexistent"], "--op", "nonexistent"),
+    (["bench", "host", "--op", "gated_rms_norm", "--engine", "mamba2,nope"], "--engine", "nope"),
 ])
 def test_unknown_names_are_usage_errors(argv, named, bad, capsys):
     """An unknown op, implementation or group exits 4 with a message naming the option, the unknown name and
@@ -437,6 +438,17 @@ def test_bench_host_json(tmp_path, capsys):
     assert [r["op"] for r in doc["rows"]] == [ln.split()[0] for ln in printed] == ["gated_rms_norm"] * len(printed)
     assert all(r["us_p50"] > 0 and r["us_p50_triton"] > 0 for r in doc["rows"])
     assert [p.name for p in out.parent.iterdir()] == ["host.json"]  # no temporary file left
+
+
+def test_bench_host_engine_decode(capsys):
+    """`--engine` times one eager engine decode step per family with the kernels not run: a row per family, per
+    step and per layer (an unknown family: `test_unknown_names_are_usage_errors`)."""
+    quick = ["--reps", "3", "--min-time", "0", "--op", "gated_rms_norm", "--shapes", "contract"]
+    assert main(["bench", "host", *quick, "--engine", "mamba2,gdn"]) == 0
+    out = capsys.readouterr().out
+    rows = out.split("eager engine decode step")[1].strip().splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["mamba2", "gdn"]
+    assert all(float(r.split()[-1]) > 0 and float(r.split()[-2]) >= float(r.split()[-1]) for r in rows)
 
 
 def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
