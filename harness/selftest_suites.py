@@ -145,6 +145,15 @@ SUITE_VARIANTS = [
         "suites/ops/test_ops_out_aliasing.py", "test_in_place_matches_out_of_place and causal_conv1d_update and "
         "not spec", impl="torch_state_from_output",
         why="the engine passes no out= to the conv update: only the op suite runs it in place"),
+    SuiteVariant(
+        "plans_keyed_on_shapes", "27", "the Triton ops' launch plans (and the validators' memo) are keyed on their "
+        "arguments' shapes and dtypes but not their strides: a view of the same shape reuses another call's strides",
+        "suites/ops/test_ops_strided_inputs.py",
+        "test_strided_inputs_give_the_same_results and triton and float32 and contract and "
+        "(selective_state_update or causal_conv1d_update) and not spec",
+        plant="plans_keyed_on_shapes",
+        why="the engine hands an op views of one layout throughout a run; the strided-input suite calls the same "
+            "op on contiguous tensors and on views of their shapes, one after the other"),
 ]
 
 

@@ -330,8 +330,33 @@ def nan_masked_compare():
     return stack
 
 
+def plans_keyed_on_shapes():
+    """The metadata key of the Triton ops' launch plans and of the validators' memo (`call_key`) leaving out the
+    tensors' strides: a call whose tensors have the shapes and dtypes of an earlier call's but other strides
+    (a row-strided view, a transposed buffer) reuses the strides and offsets planned for the earlier one
+    (bug class 27)."""
+    import harness.ops as ops_pkg
+    from harness.impls.triton import _common
+    from harness.ops import _checks
+    from harness.selftest import patched
+
+    def call_key(args) -> tuple:
+        key = []
+        for a in args:
+            key += (a.dtype, a.device, a.shape) if isinstance(a, torch.Tensor) else (type(a), a)
+        return tuple(key)
+    stack, real = contextlib.ExitStack(), _checks.call_key
+    for mod in (_checks, ops_pkg, _common):
+        if getattr(mod, "call_key", None) is not real:
+            raise RuntimeError(f"{mod.__name__}.call_key: expected harness.ops._checks.call_key, got "
+                               f"{getattr(mod, 'call_key', None)!r}")
+        stack.enter_context(patched(mod, "call_key", call_key))
+    return stack
+
+
 PLANTS = {
     "int32_offsets": int32_offsets,
+    "plans_keyed_on_shapes": plans_keyed_on_shapes,
     "model_prefix_unknown": model_prefix_unknown,
     "replicated_group_divided": replicated_group_divided,
     "nan_masked_compare": nan_masked_compare,
