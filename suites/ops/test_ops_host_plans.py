@@ -236,6 +236,17 @@ def test_plan_follows_the_launch_configuration(device):
     assert flags == [{False}, {True}, {False}], flags
 
 
+def test_plan_follows_a_nested_launch_setting():
+    """A plan's copy of its configuration is its own at every level: ssd's per-stage tables are dicts inside
+    TUNING, and a stage setting changed in place after a plan was made no longer matches it."""
+    from harness.impls.triton import _common, ssd
+    snap = _common._snapshot(ssd._CONFIGS)
+    assert snap == ssd._CONFIGS
+    with mock.patch.dict(ssd.TUNING["chunk_scan"], {"block_m": 16}):
+        assert snap != ssd._CONFIGS
+    assert snap == ssd._CONFIGS
+
+
 def test_plans_follow_refresh_env(device):
     """`refresh_env` reads the environment again: plans made before it are made anew (a kernel's NVIDIA-only
     paths depend on what it read)."""

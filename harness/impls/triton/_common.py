@@ -540,8 +540,21 @@ class HostPlans:
         spans = alone_spans(call, (len(call) - 1,) + self.alone, self.same)
         if len(self.plans) >= _MAX_KEYS:
             self.plans.clear()
-        self.plans[key] = (_ENV_READS[0], None if cfg is None else copy.deepcopy(cfg), spans, made)
+        self.plans[key] = (_ENV_READS[0], None if cfg is None else _snapshot(cfg), spans, made)
         return made
+
+
+def _snapshot(cfg):
+    """A copy of a launch configuration that later in-place changes of `cfg` leave as it is: its dicts, lists and
+    tuples copied level by level (what the configurations are made of, with scalars); `copy.deepcopy` otherwise."""
+    kind = type(cfg)
+    if kind is dict:
+        return {k: _snapshot(v) for k, v in cfg.items()}
+    if kind is list or kind is tuple:
+        return kind(_snapshot(v) for v in cfg)
+    if cfg is None or kind in (bool, int, float, str):
+        return cfg
+    return copy.deepcopy(cfg)
 
 
 class Staged:
