@@ -165,11 +165,8 @@ def time_engine_decode(family_names=None, layers: int = 4, batch: int = 64, d_mo
     `SMALL_FIELDS` sizes in float32 (bf16 matrix products are slow on most CPUs)."""
     import torch
 
-    from harness.bench.throughput import device_params, model_config
+    from harness.bench.throughput import decode_runner, device_params, model_config
     from harness.bench.timing import Budget, measure
-    from harness.engine.metadata import build_metadata
-    from harness.engine.runner import EngineRunner
-    from harness.engine.scheduler import BatchEntry
     from harness.impls.registry import get
     from harness.ops import no_index_checks
     from reference import families
@@ -178,17 +175,12 @@ def time_engine_decode(family_names=None, layers: int = 4, batch: int = 64, d_mo
     rows = []
     for name in family_names or families.names():
         cfg = model_config(name, layers, d_model, vocab=256, **SMALL_FIELDS)
-        runner = EngineRunner((cfg, device_params(cfg, "cpu", dtype)), get("triton"), num_slots=batch,
-                              token_budget=batch, dtype=dtype, device="cpu", poison_free_slots=False)
-        for _ in range(batch):
-            runner.pool.alloc()
-        md = build_metadata([BatchEntry(i, i, 8, 1, True) for i in range(batch)], chunk_size=runner.chunk_size,
-                            device="cpu")
+        runner, md = decode_runner(cfg, device_params(cfg, "cpu", dtype), get("triton"), "cpu", dtype, batch, 8)
         tokens = torch.zeros(batch, dtype=torch.long)
         with torch.inference_mode(), no_index_checks(), launches_keyed_only():
             us = measure(lambda: runner.forward(tokens, md), "cpu", budget).eager.ms_p50 * 1e3
-        rows.append(dict(family=name, layers=layers, batch=batch, d_model=d_model, dtype=str(dtype)[6:], us_p50_step=us,
-                         us_p50_layer=us / layers))
+        rows.append(dict(family=name, layers=layers, batch=batch, d_model=d_model,
+                         dtype=str(dtype).replace("torch.", ""), us_p50_step=us, us_p50_layer=us / layers))
     return rows
 
 

@@ -153,17 +153,28 @@ def profile_decode(step, device, out_dir: str, tag: str, layers: int, steps: int
     return paths
 
 
+def decode_runner(cfg, params, impl, device, dtype, batch: int, context: int, token_budget: int | None = None):
+    """An engine runner of `cfg` with `params` on `impl` and `batch` slots taken (at least one), and the metadata
+    of one decode step of `batch` one-token requests, each after `context` tokens: (runner, metadata)."""
+    from harness.engine.metadata import build_metadata
+    from harness.engine.runner import EngineRunner
+    from harness.engine.scheduler import BatchEntry
+    runner = EngineRunner((cfg, params), impl, num_slots=max(batch, 1), token_budget=token_budget or max(batch, 1),
+                          dtype=dtype, device=device, poison_free_slots=False)
+    for _ in range(max(batch, 1)):
+        runner.pool.alloc()
+    md = build_metadata([BatchEntry(i, i, context, 1, True) for i in range(batch)], chunk_size=runner.chunk_size,
+                        device=device)
+    return runner, md
+
+
 def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int, *, reps: int, warmup: int,
                       graphs: bool, emit, profile_dir: str | None = None, compare_launch: bool = False):
     from harness.bench.timing import Budget, measure
     from harness.engine.metadata import build_metadata
-    from harness.engine.runner import EngineRunner
     from harness.engine.scheduler import BatchEntry
     from harness.ops import no_index_checks
-    runner = EngineRunner((cfg, params), impl, num_slots=max(batch, 1), token_budget=max(prefill, batch),
-                          dtype=dtype, device=device, poison_free_slots=False)
-    for _ in range(max(batch, 1)):
-        runner.pool.alloc()
+    runner, md_d = decode_runner(cfg, params, impl, device, dtype, batch, prefill, token_budget=max(prefill, batch))
     V = cfg.vocab_size_unpadded
 
     def head(residual):
@@ -181,9 +192,7 @@ def engine_throughput(cfg, params, impl, device, dtype, prefill: int, batch: int
         st = measure([prefill_fn], device, Budget(min_reps=reps, warmup=warmup)).fields()
     emit(op="model_prefill", tokens=prefill, batch=1, tok_s=prefill / (st["ms_p50"] / 1e3), **st)
 
-    # decode: `batch` requests, one token each per step, sampled token fed back
-    md_d = build_metadata([BatchEntry(i, i, prefill, 1, True) for i in range(batch)], chunk_size=runner.chunk_size,
-                          device=device)
+    # decode: `batch` requests, one token each per step, sampled token fed back (metadata md_d)
     static = torch.randint(0, V, (batch,), device=device, generator=g)
 
     def decode_fn():

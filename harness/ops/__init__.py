@@ -122,7 +122,7 @@ def _guard_out(spec: OpSpec) -> None:
             if out is None:
                 return fn(*args, **kw)
             key = None
-            if memo and not ck._INDEX_CHECKS[-1]:
+            if memo and not ck.index_checks_on():
                 try:
                     key = _memo_key(args, kw)
                     hit = answers.get(key)
