@@ -621,15 +621,19 @@ class Staged:
     def add_call(self, kernel, grid, args: tuple, **kw) -> None:
         """A launch of `args` as a stage function builds them: every tensor among them a stand-in of this plan
         (`stand_in`, `buffer`, `view`), known by name."""
-        refs = []
+        names, refs, template = self.names, [], list(args)
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                name, t = self.names.get(id(a), (None, None))
-                if t is not a:
-                    raise ValueError(f"Staged.add_call: argument {i} of {kernel} is a tensor the plan does not know")
-                refs.append((i, name))
-        self.launches.append((Fixed(kernel, grid, **kw), tuple(refs),
-                              tuple(None if isinstance(a, torch.Tensor) else a for a in args)))
+            k = type(a)
+            if k is int or k is float or k is bool or a is None or not isinstance(a, torch.Tensor):
+                continue
+            name, t = names.get(id(a), (None, None))
+            if t is not a:
+                raise ValueError(f"Staged.add_call: argument {i} of {kernel} is a tensor the plan does not know")
+            refs.append((i, name))
+            template[i] = None
+        fixed = Fixed(kernel, grid, **kw)
+        fixed.tensor_at = tuple(i for i, _ in refs)  # what `fixed_key` would find on the first call
+        self.launches.append((fixed, tuple(refs), tuple(template)))
 
     def built(self) -> "Staged":
         """The plan with its stand-ins released (they may view the call's tensors)."""
