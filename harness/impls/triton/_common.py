@@ -574,9 +574,12 @@ class Staged:
         return t
 
     def stand_in(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """A view of the call's tensor `t` (a new object: two arguments that are one tensor in this call still get
-        a stand-in each) that `add_call` knows as `name`."""
-        return self._named(name, t.as_strided(t.shape, t.stride(), t.storage_offset()))
+        """The call's tensor `t` as `add_call` knows it, as `name`: `t` itself, or where `t` already stands for
+        another name (two arguments that are one tensor in this call) a new view of it, so that each name keeps
+        an object of its own."""
+        if id(t) in self.names:
+            t = t.as_strided(t.shape, t.stride(), t.storage_offset())
+        return self._named(name, t)
 
     def buffer(self, name: str, shape: tuple, dtype, device) -> torch.Tensor:
         """Scratch `name`, a new (shape, dtype) tensor on `device` per call; returns its meta stand-in."""
