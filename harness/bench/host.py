@@ -13,7 +13,9 @@ lookup, the launch parameters, scratch allocations and the key, without the kern
 GPU machine's figure is `harness bench`'s `launch_ms`). It is called with `out=` given where the op takes one
 (on the CPU a large output's allocation would dominate; the GPU's caching allocator returns one in
 microseconds). The figures are p50 microseconds per call through
-`harness.bench.timing.measure`. With `--engine`, one eager engine decode step of each named family's small model
+`harness.bench.timing.measure`. With the "gpu" shapes, also each prefill op's path at a token count not seen
+before, call after call, against a repeat of the same call (`time_new_signatures`: a launch plan built, or
+found). With `--engine`, one eager engine decode step of each named family's small model
 (`time_engine_decode`) likewise, per layer: the mixers' glue, projections and norms besides the ops.
 
     harness bench host                       # every op
@@ -150,6 +152,53 @@ def _time_triton_path(fn, pos, opt, budget) -> float | None:
         return measure(lambda: fn(*pos, **opt), "cpu", budget).eager.ms_p50 * 1e3
 
 
+def time_new_signatures(ops=None, count: int = 40, first_tokens: int = 512, step: int = 16) -> list[dict]:
+    """Rows {op, shape, dtype, count, us_p50_new, us_p50_repeat}: our Triton op's Python path (launches keyed only,
+    inside `no_index_checks()`, the output allocated by the op) per call of a signature not seen before — a
+    prefill of a new token count, `count` of them (T = first_tokens, first_tokens + step, ...; the other sizes
+    the op's first "gpu" shape, bfloat16) — and of the same call once more (its launch plan found): p50
+    microseconds of each. The ops with a token count T in their "gpu" shapes (default all of them)."""
+    import statistics
+    import time
+
+    import torch
+
+    from harness.impls.registry import get
+    from harness.ops import SPECS, no_index_checks
+    impl = get("triton")
+    rows = []
+    for name, spec in SPECS.items():
+        shapes = spec.shapes.get("gpu", ())
+        fn = impl.ops.get(name)
+        if (ops and name not in ops) or fn is None or not shapes or "T" not in shapes[0]:
+            continue
+        new, again = [], []
+        with launches_keyed_only(), no_index_checks():
+            for i in range(count + 1):  # the first call compiles nothing but warms the op's module
+                shape = {**shapes[0], "T": first_tokens + step * i}
+                pos, given = spec.split(_materialize(spec, shape, torch.bfloat16))
+                t0 = time.perf_counter()
+                fn(*pos, **given)
+                t1 = time.perf_counter()
+                fn(*pos, **given)
+                t2 = time.perf_counter()
+                if i:
+                    new.append((t1 - t0) * 1e6)
+                    again.append((t2 - t1) * 1e6)
+        rows.append(dict(op=name, shape={k: v for k, v in shapes[0].items() if k != "T"}, dtype="bfloat16",
+                         count=count, tokens=[first_tokens + step, first_tokens + step * count],
+                         us_p50_new=statistics.median(new), us_p50_repeat=statistics.median(again)))
+    return rows
+
+
+def format_new_signature_rows(rows) -> str:
+    lines = [f"{'op':28s} {'calls':>5s} {'us/new T':>9s} {'us/repeat':>9s}  shape"]
+    lines += [f"{r['op']:28s} {r['count']:5d} {r['us_p50_new']:9.1f} {r['us_p50_repeat']:9.1f}  "
+              f"T={r['tokens'][0]}..{r['tokens'][1]}," + ",".join(f"{k}={v}" for k, v in r["shape"].items())
+              for r in rows]
+    return "\n".join(lines)
+
+
 # the engine decode step's model: every family's sizes small (heads, head and state widths), so that the
 # projections' arithmetic on the CPU stays a few microseconds; an op's host path does not depend on them
 SMALL_FIELDS = dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, num_heads=4, kda_head_dim=16,
@@ -225,6 +274,10 @@ def run_cli(args) -> int:
     rows = time_validators(ops, kinds, budget, triton_path=True)
     print(format_rows(rows))
     doc = {"rows": rows}
+    if "gpu" in kinds and (fresh := time_new_signatures(ops)):
+        doc["new_signatures"] = fresh
+        print("\nprefill at a new token count per call, triton path (kernels not run)\n"
+              + format_new_signature_rows(doc["new_signatures"]))
     if fams:
         doc["engine"] = time_engine_decode(fams, budget=budget)
         print("\neager engine decode step, host path (kernels not run)\n" + format_engine_rows(doc["engine"]))

@@ -482,6 +482,21 @@ def test_bench_host_times_the_triton_path_and_restores_the_launches(capsys):
 
 
 
+def test_bench_host_new_signatures(capsys, tmp_path):
+    """With the gpu shapes, each prefill op at `count` token counts not seen before, one call each and a repeat:
+    a row per op with a token count in its shapes (not the decode ops), both p50s; the repeat finds the launch
+    plan the first call built, so it costs less. The JSON document holds the rows."""
+    from harness.bench.host import time_new_signatures
+    rows = time_new_signatures(["ssd_varlen", "gated_delta_rule_update"], count=5, first_tokens=32, step=16)
+    assert [r["op"] for r in rows] == ["ssd_varlen"] and rows[0]["tokens"] == [48, 112]
+    assert 0 < rows[0]["us_p50_repeat"] < rows[0]["us_p50_new"]
+    out = tmp_path / "host.json"
+    assert main(["bench", "host", "--op", "causal_conv1d_varlen", "--shapes", "gpu", "--reps", "3", "--min-time", "0",
+                 "--json", str(out)]) == 0
+    assert "prefill at a new token count" in capsys.readouterr().out
+    assert [r["op"] for r in json.loads(out.read_text())["new_signatures"]] == ["causal_conv1d_varlen"]
+
+
 def test_bench_host_every_op():
     """Every op's input set as `harness bench host` rebuilds it is valid (the speculative-decode ops too: a
     slot table, accepted-token counts and offsets over the shape's tokens, not the pool's first dim)."""

@@ -118,6 +118,27 @@ def test_equal_keys_have_equal_specialisations_for_any_calls(calls):
         assert seen.setdefault(_common.launch_key(args, kw), want) == want, (args[2:], kw)
 
 
+def test_class_keys_are_the_binders_specialisations():
+    """`class_key` (what a call with a new key looks up a kernel compiled for another call by) is equal for two
+    calls exactly when Triton's binder gives them the same specialisation and options as Triton writes them in
+    its kernels' keys (constexprs True and 1 apart); None where the binder raises (a parameter without a value:
+    the call then takes Triton's own error)."""
+    from triton.backends.compiler import BaseBackend
+    kernel = _jit()
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    wants, keys = [], []
+    for args, kw in _calls():
+        _, spec, options = binder(*args, **kw)
+        wants.append((repr(spec), str(options)))
+        keys.append(_common.class_key(binder, args, kw))
+    assert None not in keys
+    for i in range(len(keys)):
+        for j in range(i):
+            assert (keys[i] == keys[j]) == (wants[i] == wants[j]), (i, j, wants[i], wants[j])
+    assert len(set(keys)) >= 8
+    assert _common.class_key(binder, (torch.zeros(4),), dict(BLOCK=8)) is None
+
+
 def test_values_fill_defaults_and_leave_out_options():
     """The launcher's values: every parameter in order, constexprs by keyword, defaults filled, launch options
     (num_warps) not among them; None when a parameter has no value (the call then takes Triton's error)."""
@@ -173,6 +194,23 @@ def test_launch_on_gpu_matches_the_jit_path(device, monkeypatch):
             kernel[grid](x, want[off_y:], n, sx, sy, 0.5, flag, BLOCK=32)
             torch.cuda.synchronize()
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, off_y, n, sx, sy, flag)
+    # new keys of specialisations run above (another count of the same class; a launch plan's new launch) take
+    # the compiled kernel without JITFunction.run, and write what kernel[grid] writes
+    for off_x, n, sx, fixed in [(0, 96, 1, False), (1, 19, 1, False), (0, 2000, 3, False), (2, 35, 1, True),
+                                (0, 48, 1, True)]:
+        x = buf[off_x:]
+        got = torch.full((4096,), float("nan"), device=device)
+        want = got.clone()
+        grid = (triton.cdiv(n, 32),)
+        before = len(entered)
+        if fixed:
+            _common.launch_fixed(_common.Fixed(kernel, grid, BLOCK=32), x, got, n, sx, 1, 0.25, True)
+        else:
+            _common.launch(kernel, grid, x, got, n, sx, 1, 0.25, True, BLOCK=32)
+        assert len(entered) == before, f"a new key of a compiled specialisation entered JITFunction.run: {n, sx}"
+        kernel[grid](x, want, n, sx, 1, 0.25, True, BLOCK=32)
+        torch.cuda.synchronize()
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, n, sx, fixed)
 
 
 def test_jit_launches_turns_the_shortcut_off_and_back():

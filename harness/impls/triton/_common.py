@@ -339,6 +339,10 @@ def unit_stride(*ids):
 # and launch options come by keyword and contribute their values and their types (True and 1 are equal keys of a
 # dict but not one constexpr to Triton; suites/ops/test_ops_triton_launch.py checks the key against Triton's
 # binder).
+# A call whose key is new (a prefill of a new token count, a launch plan's first call) but whose specialisation
+# has run before -- Triton's binder for the device, the function `JITFunction.run` binds with, gives the same
+# specialisation and options (`class_key`) -- takes that compiled kernel too: the binder's microseconds instead of
+# the whole of `JITFunction.run`.
 # Any case the shortcut does not cover runs `kernel[grid]`: the interpreter, a non-CUDA backend, launch hooks
 # (profilers) installed, a callable grid, an autotuned, hooked or annotated kernel, a non-constexpr parameter
 # given by keyword, an unhashable argument. HARNESS_TRITON_LAUNCH=jit turns the shortcut off.
@@ -370,13 +374,14 @@ def jit_launches():
 class _Plan:
     """What `launch` needs of one kernel, read once: its parameters in order, the names of its non-constexpr
     ones, and per key the compiled kernel with the values of the parameters after the positional ones."""
-    __slots__ = ("params", "runtime_names", "compiled", "backends")
+    __slots__ = ("params", "runtime_names", "compiled", "backends", "classes")
 
     def __init__(self, kernel):
         self.params = list(kernel.params)
         self.runtime_names = frozenset(p.name for p in self.params if not p.is_constexpr)
         self.compiled: dict = {}
         self.backends: dict = {}
+        self.classes: dict = {}  # (device, `class_key`) -> the compiled kernel
 
 
 def _plan_of(kernel):
@@ -402,6 +407,36 @@ def launch_values(plan: _Plan, args: tuple, kw: dict) -> list | None:
         else:
             return None
     return vals
+
+
+def class_key(binder, args: tuple, kw: dict):
+    """The specialisation and options Triton's `binder` (a kernel's `create_function_from_signature`) gives a call,
+    as strings, as `JITFunction.run` makes its compiled kernels' keys of them (a tuple of the specialisation would
+    hold constexprs True and 1, or 0.0 and -0.0, as one key); None where the binder raises (the caller then takes
+    `kernel[grid]`, which raises Triton's own error)."""
+    try:
+        _, spec, options = binder(*args, **kw)
+    except Exception:  # noqa: BLE001 - any binding failure
+        return None
+    return repr(spec), str(options)
+
+
+def _class_of(kernel, device, args: tuple, kw: dict):
+    """(device, `class_key`) of a call with the binder `JITFunction.run` uses on `device` (the last of the
+    kernel's cache entry for it); None before the kernel's first call there, where this Triton keeps another
+    layout, or where `class_key` tells nothing."""
+    caches = kernel.device_caches.get(device)
+    if not (isinstance(caches, tuple) and len(caches) == 5 and callable(caches[-1])):
+        return None
+    key = class_key(caches[-1], args, kw)
+    return None if key is None else (device, key)
+
+
+def _bounded(table: dict) -> dict:
+    """`table`, emptied first once it holds `_MAX_KEYS` entries."""
+    if len(table) >= _MAX_KEYS:
+        table.clear()
+    return table
 
 
 def launch_key(args: tuple, kw: dict) -> tuple:
@@ -480,15 +515,25 @@ def _launch(kernel, grid, args: tuple, kw: dict, fixed: Fixed | None):
     except TypeError:  # an unhashable argument
         return kernel[grid](*args, **kw)
     if hit is None:
-        compiled = kernel[grid](*args, **kw)
-        if cuda is None:  # the device's first call: its backend is known now
-            plan.backends[device] = cuda = kernel.device_caches[device][2].backend == "cuda"
+        cls = _class_of(kernel, device, args, kw) if cuda else None
+        compiled = None if cls is None else plan.classes.get(cls)
+        if compiled is None:  # a specialisation not run before (or no class to tell): Triton's own path
+            compiled = kernel[grid](*args, **kw)
+            if cuda is None:  # the device's first call: its backend is known now
+                plan.backends[device] = cuda = kernel.device_caches[device][2].backend == "cuda"
+            if not cuda or compiled is None:
+                return compiled
+            cls = cls or _class_of(kernel, device, args, kw)
+            if cls is not None:
+                _bounded(plan.classes)[cls] = compiled
+            vals = launch_values(plan, args, kw)
+            if vals is not None:
+                _bounded(plan.compiled)[key] = (compiled, tuple(vals[len(args):]))
+            return compiled
         vals = launch_values(plan, args, kw)
-        if cuda and compiled is not None and vals is not None:
-            if len(plan.compiled) >= _MAX_KEYS:
-                plan.compiled.clear()
-            plan.compiled[key] = (compiled, tuple(vals[len(args):]))
-        return compiled
+        if vals is None:
+            return kernel[grid](*args, **kw)
+        hit = _bounded(plan.compiled)[key] = (compiled, tuple(vals[len(args):]))
     compiled, rest = hit
     g = tuple(grid)
     compiled.run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, _driver.active.get_current_stream(device),
