@@ -165,7 +165,8 @@ def test_kernels_the_shortcut_does_not_cover_take_the_jit_path():
 def test_launch_on_gpu_matches_the_jit_path(device, monkeypatch):
     """On CUDA: over aligned and misaligned pointers, strides of 1, 16 and others and element counts in every
     class, each call through `launch` writes what the kernel launched through `kernel[grid]` writes, and a
-    second call of a specialisation seen before does not enter Triton's `JITFunction.run`."""
+    second call of a specialisation seen before does not enter Triton's `JITFunction.run` -- nor does a call of a
+    new key (other values, a new launch plan) whose specialisation ran before."""
     if not device.startswith("cuda"):
         pytest.skip("the shortcut launches compiled CUDA kernels; elsewhere `launch` is kernel[grid]")
     if _common.interpreting():
@@ -194,23 +195,26 @@ def test_launch_on_gpu_matches_the_jit_path(device, monkeypatch):
             kernel[grid](x, want[off_y:], n, sx, sy, 0.5, flag, BLOCK=32)
             torch.cuda.synchronize()
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, off_y, n, sx, sy, flag)
-    # new keys of specialisations run above (another count of the same class; a launch plan's new launch) take
-    # the compiled kernel without JITFunction.run, and write what kernel[grid] writes
-    for off_x, n, sx, fixed in [(0, 96, 1, False), (1, 19, 1, False), (0, 2000, 3, False), (2, 35, 1, True),
-                                (0, 48, 1, True)]:
+    # new keys of the specialisations run above (other counts and strides of the same classes, pointers at other
+    # offsets of the same alignment; launch plans' new launches) take the compiled kernel without
+    # JITFunction.run, and write what kernel[grid] writes
+    for off_x, off_y, n, sx, sy, fixed in [(0, 0, 96, 1, 1, False), (5, 0, 80, 1, 1, False),
+                                           (4, 7, 49, 32, 1, False), (1, 0, 1, 5, 48, True),
+                                           (0, 4, 300, 7, 9, True), (6, 6, 35, 1, 1, False)]:
         x = buf[off_x:]
         got = torch.full((4096,), float("nan"), device=device)
         want = got.clone()
+        args = (x, got[off_y:], n, sx, sy, 0.25, True)
         grid = (triton.cdiv(n, 32),)
         before = len(entered)
         if fixed:
-            _common.launch_fixed(_common.Fixed(kernel, grid, BLOCK=32), x, got, n, sx, 1, 0.25, True)
+            _common.launch_fixed(_common.Fixed(kernel, grid, BLOCK=32), *args)
         else:
-            _common.launch(kernel, grid, x, got, n, sx, 1, 0.25, True, BLOCK=32)
-        assert len(entered) == before, f"a new key of a compiled specialisation entered JITFunction.run: {n, sx}"
-        kernel[grid](x, want, n, sx, 1, 0.25, True, BLOCK=32)
+            _common.launch(kernel, grid, *args, BLOCK=32)
+        assert len(entered) == before, f"a new key of a compiled specialisation entered JITFunction.run: {args[2:]}"
+        kernel[grid](x, want[off_y:], n, sx, sy, 0.25, True, BLOCK=32)
         torch.cuda.synchronize()
-        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, n, sx, fixed)
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (off_x, off_y, n, sx, sy, fixed)
 
 
 def test_jit_launches_turns_the_shortcut_off_and_back():
