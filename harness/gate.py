@@ -18,7 +18,8 @@ Findings that gate (exit code 1)
                 float64-oracle `reference` implementation's (plain loops, not a product) only with
                 --gate-reference;
   host-overhead an eager timing's host overhead (eager - CUDA-graph p50, `host_ms`) or launch time (the
-                host's time to issue one call, `launch_ms`) above (1 + threshold') x baseline +
+                host's time to issue one call, `launch_ms`; one at a token count not seen before,
+                `launch_new_ms`) above (1 + threshold') x baseline +
                 --host-floor-us (host time is noisier than GPU time: the floor keeps a few microseconds
                 of jitter from gating); peers and the reference as for performance;
   missing       a baseline case (comparison group or timing) absent from the candidate;
@@ -312,7 +313,8 @@ def gate_runs(base: Run, cand: Run, cfg: GateConfig | None = None) -> GateResult
         elif ratio > 1 + thr:
             improved += 1
             F.append(Finding("improved", fmt_key(k), f"{mname} {ratio:.2f}x baseline", bv, cv))
-        for field, what in (("host_ms", "host overhead"), ("launch_ms", "launch time")):
+        for field, what in (("host_ms", "host overhead"), ("launch_ms", "launch time"),
+                            ("launch_new_ms", "launch time at a new token count")):
             bh, ch = _metric(b, field), _metric(c, field)
             if b.get("cuda_graph") or bh is None or ch is None:
                 continue

@@ -26,7 +26,8 @@ import torch
 from harness.bench import metrics as _metrics  # noqa: F401 - registers the built-in metrics
 from harness.bench.bytes import op_bytes
 from harness.bench.registry import METRICS, OP_INPUTS, Benchmark, benchmarks_for
-from harness.bench.timing import KERNEL_CALLS, Budget, measure, profile_launches, rotation_count, synchronize
+from harness.bench.timing import (KERNEL_CALLS, Budget, measure, new_shape_launch_samples, profile_launches,
+                                   rotation_count, summarize, synchronize)
 
 
 @dataclass
@@ -175,6 +176,18 @@ def case_inputs(case: Case, seed: int = 0, rotate: int | None = None) -> tuple[l
     return sets, [case.bench.fn(s) for s in sets]
 
 
+def _new_token_calls(case: Case, seed: int):
+    """`make(i)` for `new_shape_launch_samples`: the case's call at T + 16 (i + 1) tokens, inputs drawn anew."""
+    spec = OP_INPUTS[case.op]
+    gen = torch.Generator(device=case.device if case.device.split(":")[0] in ("cuda", "xpu") else "cpu")
+    gen.manual_seed(seed + 1)
+
+    def make(i: int):
+        shape = {**case.shape, "T": case.shape["T"] + 16 * (i + 1)}
+        return case.bench.fn(spec.make(shape, case.dtype, case.device, gen))
+    return make
+
+
 def measure_case(case: Case, budget: Budget, *, seed: int = 0, rotate: int | None = None, kernels: int = 0):
     """Time one case (eager, and CUDA graph when `case.cuda_graph`); returns (Timing, number of input sets).
     `kernels` > 0: then profile that many further calls (`profile_launches`) into the Timing's `kernels`
@@ -185,6 +198,15 @@ def measure_case(case: Case, budget: Budget, *, seed: int = 0, rotate: int | Non
     synchronize(case.device)
     with no_index_checks():
         t = measure(fns, case.device, budget, graph=case.cuda_graph)
+        if t.launch is not None and "T" in case.shape:
+            try:
+                t.launch_new = summarize(new_shape_launch_samples(_new_token_calls(case, seed), case.device))
+            except Exception as e:  # noqa: BLE001 - the timing stands; why this figure is missing is kept
+                t.launch_new_error = f"{type(e).__name__}: {str(e)[:300]}"
+                try:
+                    synchronize(case.device)
+                except Exception:  # noqa: BLE001 - the first error is the one reported
+                    pass
         if kernels:
             try:
                 t.kernels_source, t.kernels = profile_launches(fns, case.device, calls=kernels)

@@ -16,6 +16,10 @@ throughput and the loader benchmark all time through `measure` (or `wall_samples
   the launch queue never fills (a full queue would make the host wait for the device). Eager minus graph
   understates it: do_bench's L2 flush (a 256 MB memset) runs on the device while the host issues the call,
   so host time up to the flush's length does not show in the eager figure.
+* CUDA / XPU, launch at a new token count (`new_shape_launch_samples`, prefill cases): the host's time to
+  issue one call whose token count no call before had (T + 16, T + 32, ...: the other sizes and T mod 16 as
+  the case's), the device drained before each, its inputs built untimed: what an eager prefill of ever new
+  lengths pays per call (a launch plan built, launch keys new), against `launch_ms`'s repeated call.
 * CPU: `time.perf_counter_ns` around each call, cycling through the input sets (so a call does not find
   its inputs in the cache the previous call warmed), until both `Budget.min_reps` samples and
   `Budget.min_time` seconds are reached (or `Budget.max_time` is spent): a time budget per case, so that
@@ -147,6 +151,8 @@ class Timing:
     kernels_source: str | None = None
     kernels_error: str | None = None
     launch: Stats | None = None
+    launch_new: Stats | None = None
+    launch_new_error: str | None = None
 
     def fields(self, graph: bool = False) -> dict:
         """The timing record's fields with the eager (graph=False) or CUDA-graph figures as the primary
@@ -161,6 +167,10 @@ class Timing:
             out.update(graph_ms_p50=self.graph.ms_p50, host_ms=self.eager.ms_p50 - self.graph.ms_p50)
         if self.launch is not None:
             out["launch_ms"] = self.launch.ms_p50
+        if self.launch_new is not None:
+            out["launch_new_ms"] = self.launch_new.ms_p50
+        if self.launch_new_error:
+            out["launch_new_error"] = self.launch_new_error
         if self.graph_error:
             out["graph_error"] = self.graph_error
         if not graph:  # the profiled calls are eager ones
@@ -219,6 +229,31 @@ def launch_samples(fn: Callable[[], object], device: str, eager_ms: float, burst
         for _ in range(calls):
             fn()
         out.append((time.perf_counter_ns() - t0) / 1e6 / calls)
+    synchronize(device)
+    return out
+
+
+NEW_SHAPE_CALLS = 8       # calls at new token counts per case
+NEW_SHAPE_MAX_S = 3.0     # ... fewer (at least one) once these seconds are spent: a kernel that tunes itself per
+                          # shape takes seconds per call, and that is then its figure
+
+
+def new_shape_launch_samples(make: Callable[[int], Callable[[], object]], device: str,
+                             calls: int = NEW_SHAPE_CALLS) -> list[float]:
+    """Per-call milliseconds the host spends issuing a call not made before: `make(i)` builds the i-th call
+    (its inputs; untimed), then the device is drained and the call timed with `time.perf_counter_ns`, alone.
+    `calls` calls, fewer (at least one) once NEW_SHAPE_MAX_S seconds are spent."""
+    out: list[float] = []
+    t_start = time.perf_counter()
+    for i in range(calls):
+        if out and time.perf_counter() - t_start > NEW_SHAPE_MAX_S:
+            break
+        fn = make(i)
+        synchronize(device)
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+        del fn
     synchronize(device)
     return out
 

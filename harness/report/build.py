@@ -392,14 +392,16 @@ def launches(case: str, recs: list[tuple[str, dict | None]]) -> dict | None:
 
 def _host_cell(t: dict) -> dict:
     """An eager timing's host overhead (eager - graph p50) and, in brackets, its launch time (the host's time
-    to issue one call), in µs; a dash for CUDA-graph records and where neither was measured."""
-    host, launch = num(t.get("host_ms")), num(t.get("launch_ms"))
+    to issue one call; after a slash, one at a token count not seen before), in µs; a dash for CUDA-graph
+    records and where neither was measured."""
+    host, launch, new = num(t.get("host_ms")), num(t.get("launch_ms")), num(t.get("launch_new_ms"))
     if t.get("cuda_graph") or (host is None and launch is None):
         return cell("—", "muted")
     text = f"{1000 * host:.1f}" if host is not None else "—"
     if launch is not None:
-        text += f" ({1000 * launch:.1f})"
-    return cell(text, "", "eager − graph p50; in brackets the host's time to issue one eager call")
+        text += f" ({1000 * launch:.1f}" + (f" / {1000 * new:.1f})" if new is not None else ")")
+    return cell(text, "", "eager − graph p50; in brackets the host's time to issue one eager call (after the "
+                          "slash: one at a token count no call before had)")
 
 
 def perf_tables(runs: list[Run]) -> list[dict]:

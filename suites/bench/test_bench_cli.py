@@ -624,6 +624,66 @@ def test_launch_samples_size_bursts_by_the_call_and_stop_for_slow_calls(monkeypa
     assert len(n) == timing.LAUNCH_MIN_BURSTS
 
 
+def test_new_shape_launch_samples_build_each_call_untimed(monkeypatch):
+    """new_shape_launch_samples: `make(i)` builds call i outside the timing, the device is drained before each
+    call, NEW_SHAPE_CALLS calls, only one once NEW_SHAPE_MAX_S seconds are spent (a kernel tuning itself at
+    each new shape); each sample is the call's time alone."""
+    import time
+    from harness.bench import timing
+    seen = []
+
+    def make(i):
+        time.sleep(0.01)  # building the inputs is not timed
+        return lambda: seen.append(i)
+    ms = timing.new_shape_launch_samples(make, "cpu")
+    assert seen == list(range(timing.NEW_SHAPE_CALLS)) and len(ms) == timing.NEW_SHAPE_CALLS
+    assert all(0 <= m < 5.0 for m in ms)
+    seen.clear()
+    monkeypatch.setattr(timing, "NEW_SHAPE_MAX_S", 0.0)
+    assert len(timing.new_shape_launch_samples(make, "cpu")) == 1 == len(seen)
+
+
+def test_prefill_cases_time_a_launch_at_new_token_counts(monkeypatch):
+    """On a GPU (here: the launch timing stubbed in), a case with a token count T also times its call at T + 16,
+    T + 32, ... (inputs drawn anew at each: `launch_new_ms` in its records); a case without T (decode) does
+    not; where those calls fail, the timing stands and says why."""
+    from harness.bench import runner, timing
+    from harness.bench.runner import build_cases, measure_case
+
+    def fake_measure(fns, device, budget=None, graph=False):
+        fns[0]()
+        return Timing(eager=Stats(1.0, 1.0, 1.0, 1), launch=Stats(0.01, 0.01, 0.01, 1))
+    monkeypatch.setattr(runner, "measure", fake_measure)
+    tokens = []
+    real_make = runner._new_token_calls
+
+    def spying(case, seed):
+        make = real_make(case, seed)
+
+        def counted(i):
+            fn = make(i)
+            return lambda: (tokens.append(case.shape["T"] + 16 * (i + 1)), fn())
+        return counted
+    monkeypatch.setattr(runner, "_new_token_calls", spying)
+    case = [c for c in build_cases("cpu", impls=["torch"], ops=["gated_rms_norm"])[0] if c.op != "copy"][0]
+    t, _ = measure_case(case, Budget(min_reps=1))
+    T = case.shape["T"]
+    assert tokens == [T + 16 * (i + 1) for i in range(timing.NEW_SHAPE_CALLS)]
+    fields = t.fields(False)
+    assert fields["launch_new_ms"] >= 0 and "launch_new_error" not in fields
+    dec = [c for c in build_cases("cpu", impls=["torch"], ops=["causal_conv1d_update"])[0] if c.op != "copy"][0]
+    assert "launch_new_ms" not in measure_case(dec, Budget(min_reps=1))[0].fields(False)
+
+    def broken(case, seed):
+        def make(i):
+            raise RuntimeError("no inputs at this token count")
+        return make
+    monkeypatch.setattr(runner, "_new_token_calls", broken)
+    fields = measure_case(case, Budget(min_reps=1))[0].fields(False)
+    assert "launch_new_ms" not in fields and "no inputs at this token count" in fields["launch_new_error"]
+    assert fields["ms_p50"] == 1.0
+
+
 # ------------------------------------------------------------------------------------------ launches
 
 def test_bench_kernels_records_each_launch(tmp_path, capsys):

@@ -119,6 +119,15 @@ def test_launch_time_growth_gates_like_host_overhead():
     assert kinds(gate(60.0, 64.0), "host-overhead") == []
     assert kinds(gate(None, 80.0), "host-overhead") == []
 
+    # a prefill's launch at a token count not seen before (`launch_new_ms`) likewise
+    def gate_new(base_us, cand_us):
+        b, c = timing(60.0), timing(60.0)
+        b["launch_new_ms"], c["launch_new_ms"] = base_us / 1000, cand_us / 1000
+        return gate_runs(Run("b", "b", envs=env, timings=[b]), Run("c", "c", envs=env, timings=[c]), GateConfig())
+    (f,) = kinds(gate_new(150.0, 300.0), "host-overhead")
+    assert "launch time at a new token count 300.0 us above baseline 150.0 us" in f.detail
+    assert kinds(gate_new(150.0, 154.0), "host-overhead") == []
+
 
 def test_reference_and_peer_timings_gate_only_when_asked():
     """A 50 % slowdown of the `reference` implementation (plain float64-oracle loops) or of a peer is listed

@@ -422,7 +422,8 @@ def test_launch_lists_fit_a_laptop_screen_in_chromium(tmp_path):
 
 def test_perf_table_shows_host_overhead_and_launch_time(tmp_path):
     """Each eager row carries its host overhead (eager - graph p50) and, in brackets, the launch time (the
-    host's time to issue one call), in µs; the CUDA-graph row and a record with neither show a dash."""
+    host's time to issue one call; after a slash, one at a new token count where measured), in µs; the
+    CUDA-graph row and a record with neither show a dash."""
     from harness.records import RecordWriter
     path = str(tmp_path / "run.jsonl")
     w = RecordWriter(path, run_id="r")
@@ -432,8 +433,10 @@ def test_perf_table_shows_host_overhead_and_launch_time(tmp_path):
     w.write("timing", bench="u/triton", shape={"B": 64}, cuda_graph=False, host_ms=0.012, launch_ms=0.065, **base)
     w.write("timing", bench="u/triton", shape={"B": 64}, cuda_graph=True, host_ms=0.012, launch_ms=0.065, **base)
     w.write("timing", bench="u/triton", shape={"B": 256}, cuda_graph=False, **base)
+    w.write("timing", bench="u/triton", shape={"B": 512}, cuda_graph=False, host_ms=0.012, launch_ms=0.065,
+            launch_new_ms=0.21, **base)
     (table,) = [p["table"] for p in perf_tables(load_runs([path]))]
     col = table["columns"].index("host µs (launch)")
     texts = {(r[2]["text"], r[0]["text"]): r[col]["text"] for r in table["rows"]}
     assert texts == {("B=64", "triton"): "12.0 (65.0)", ("B=64", "triton [graph]"): "—",
-                     ("B=256", "triton"): "—"}, texts
+                     ("B=256", "triton"): "—", ("B=512", "triton"): "12.0 (65.0 / 210.0)"}, texts
