@@ -247,6 +247,24 @@ def test_plan_follows_a_nested_launch_setting():
     assert snap == ssd._CONFIGS
 
 
+def test_plans_share_one_copy_of_an_unchanged_configuration():
+    """Plans made while the configuration keeps its values share one copy of it (no copy per new signature); a
+    setting changed in place gives the next plan a new copy, and the plans before it no longer match."""
+    from harness.impls.triton import _common
+    cfg = {"stage": {"block": 16}, "fused": True}
+    made = []
+    plans = _common.HostPlans(lambda *a: None, lambda checked, call: made.append(call) or len(made), cfg)
+    plans.plan((1,))
+    plans.plan((2,))
+    a, b = plans.plans[_common.call_key((1,))][1], plans.plans[_common.call_key((2,))][1]
+    assert a is b and a == cfg and a is not cfg and a["stage"] is not cfg["stage"]
+    cfg["stage"]["block"] = 32
+    plans.plan((3,))
+    c = plans.plans[_common.call_key((3,))][1]
+    assert c is not a and c == cfg and a != cfg
+    assert plans.plan((1,)) == 4 and plans.plan((1,)) == 4  # stale: made anew once, then found
+
+
 def test_plans_follow_refresh_env(device):
     """`refresh_env` reads the environment again: plans made before it are made anew (a kernel's NVIDIA-only
     paths depend on what it read)."""

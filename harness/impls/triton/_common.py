@@ -439,16 +439,20 @@ def _bounded(table: dict) -> dict:
     return table
 
 
+def _tensor_positions(types: tuple) -> tuple:
+    """The positions of the tensors among arguments of these types (kept per tuple of types)."""
+    at = _TENSOR_AT.get(types)
+    if at is None:
+        at = _bounded(_TENSOR_AT)[types] = tuple(i for i, t in enumerate(types) if issubclass(t, torch.Tensor))
+    return at
+
+
 def launch_key(args: tuple, kw: dict) -> tuple:
     """A call's key (see the section's comment): equal keys have equal Triton specialisations. The positions of
     the tensors among the arguments are looked up by the arguments' types (`isinstance(a, torch.Tensor)` on
     every argument cost more than the rest of the key: ~0.1 us each, and a kernel takes ~50)."""
     types = tuple(map(type, args))
-    at = _TENSOR_AT.get(types)
-    if at is None:
-        if len(_TENSOR_AT) >= _MAX_KEYS:
-            _TENSOR_AT.clear()
-        at = _TENSOR_AT[types] = tuple(i for i, t in enumerate(types) if issubclass(t, torch.Tensor))
+    at = _tensor_positions(types)
     vals = list(args)
     for i in at:
         a = args[i]
@@ -559,11 +563,12 @@ class HostPlans:
     compared on every lookup, as tests and sweeps change it in place); `alone`: the positions in the call of
     the arguments besides `out=` whose memory must be their own (one written whole in place); `same`: the
     position of the argument `out=` may be itself (the spec's `in_place`)."""
-    __slots__ = ("validate", "build", "config", "alone", "same", "plans")
+    __slots__ = ("validate", "build", "config", "alone", "same", "plans", "_copy")
 
     def __init__(self, validate, build, config: dict | None = None, alone: tuple = (), same: int | None = None):
         self.validate, self.build, self.config, self.alone, self.same = validate, build, config, alone, same
         self.plans: dict = {}
+        self._copy = None  # the latest `_snapshot` of config, shared by the plans made while config equals it
 
     def plan(self, call: tuple, options: tuple = ()):
         """The plan of `call` (the op's arguments in its validator's order, `out=` last) with `options` (the op's
@@ -585,7 +590,9 @@ class HostPlans:
         spans = alone_spans(call, (len(call) - 1,) + self.alone, self.same)
         if len(self.plans) >= _MAX_KEYS:
             self.plans.clear()
-        self.plans[key] = (_ENV_READS[0], None if cfg is None else _snapshot(cfg), spans, made)
+        if cfg is not None and not (self._copy is not None and self._copy == cfg):
+            self._copy = _snapshot(cfg)  # never changed in place: plans made under equal values share it
+        self.plans[key] = (_ENV_READS[0], None if cfg is None else self._copy, spans, made)
         return made
 
 
@@ -670,17 +677,16 @@ class Staged:
         """A launch of `args` as a stage function builds them: every tensor among them a stand-in of this plan
         (`stand_in`, `buffer`, `view`), known by name."""
         names, refs, template = self.names, [], list(args)
-        for i, a in enumerate(args):
-            k = type(a)
-            if k is int or k is float or k is bool or a is None or not isinstance(a, torch.Tensor):
-                continue
+        at = _tensor_positions(tuple(map(type, args)))
+        for i in at:
+            a = args[i]
             name, t = names.get(id(a), (None, None))
             if t is not a:
                 raise ValueError(f"Staged.add_call: argument {i} of {kernel} is a tensor the plan does not know")
             refs.append((i, name))
             template[i] = None
         fixed = Fixed(kernel, grid, **kw)
-        fixed.tensor_at = tuple(i for i, _ in refs)  # what `fixed_key` would find on the first call
+        fixed.tensor_at = at  # what `fixed_key` would find on the first call
         self.launches.append((fixed, tuple(refs), tuple(template)))
 
     def built(self) -> "Staged":
