@@ -671,7 +671,11 @@ class Staged:
     def add(self, kernel, grid, tensors: tuple, values: tuple, **kw) -> None:
         """A launch whose arguments are the tensors named `tensors`, then `values`."""
         refs = tuple(enumerate(tensors))
-        self.launches.append((Fixed(kernel, grid, **kw), refs, (None,) * len(tensors) + tuple(values)))
+        n = len(tensors)
+        fixed = Fixed(kernel, grid, **kw)
+        # what `fixed_key` would find on the first call: the named tensors, and any tensor among `values`
+        fixed.tensor_at = tuple(range(n)) + tuple(n + i for i in _tensor_positions(tuple(map(type, values))))
+        self.launches.append((fixed, refs, (None,) * n + tuple(values)))
 
     def add_call(self, kernel, grid, args: tuple, **kw) -> None:
         """A launch of `args` as a stage function builds them: every tensor among them a stand-in of this plan
