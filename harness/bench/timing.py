@@ -234,19 +234,20 @@ def launch_samples(fn: Callable[[], object], device: str, eager_ms: float, burst
 
 
 NEW_SHAPE_CALLS = 8       # calls at new token counts per case
-NEW_SHAPE_MAX_S = 3.0     # ... fewer (at least one) once these seconds are spent: a kernel that tunes itself per
-                          # shape takes seconds per call, and that is then its figure
+NEW_SHAPE_MAX_S = 3.0     # ... fewer (at least LAUNCH_MIN_BURSTS) once these seconds are spent: a kernel that tunes
+                          # itself per shape takes seconds per call, and that is then its figure; one compile of a
+                          # new specialisation class (a chunk count past a multiple of 16) leaves the median alone
 
 
 def new_shape_launch_samples(make: Callable[[int], Callable[[], object]], device: str,
                              calls: int = NEW_SHAPE_CALLS) -> list[float]:
     """Per-call milliseconds the host spends issuing a call not made before: `make(i)` builds the i-th call
     (its inputs; untimed), then the device is drained and the call timed with `time.perf_counter_ns`, alone.
-    `calls` calls, fewer (at least one) once NEW_SHAPE_MAX_S seconds are spent."""
+    `calls` calls, fewer (at least LAUNCH_MIN_BURSTS) once NEW_SHAPE_MAX_S seconds are spent."""
     out: list[float] = []
     t_start = time.perf_counter()
     for i in range(calls):
-        if out and time.perf_counter() - t_start > NEW_SHAPE_MAX_S:
+        if len(out) >= LAUNCH_MIN_BURSTS and time.perf_counter() - t_start > NEW_SHAPE_MAX_S:
             break
         fn = make(i)
         synchronize(device)

@@ -626,8 +626,8 @@ def test_launch_samples_size_bursts_by_the_call_and_stop_for_slow_calls(monkeypa
 
 def test_new_shape_launch_samples_build_each_call_untimed(monkeypatch):
     """new_shape_launch_samples: `make(i)` builds call i outside the timing, the device is drained before each
-    call, NEW_SHAPE_CALLS calls, only one once NEW_SHAPE_MAX_S seconds are spent (a kernel tuning itself at
-    each new shape); each sample is the call's time alone."""
+    call, NEW_SHAPE_CALLS calls, only LAUNCH_MIN_BURSTS once NEW_SHAPE_MAX_S seconds are spent (a kernel tuning
+    itself at each new shape); each sample is the call's time alone."""
     import time
     from harness.bench import timing
     seen = []
@@ -640,7 +640,7 @@ def test_new_shape_launch_samples_build_each_call_untimed(monkeypatch):
     assert all(0 <= m < 5.0 for m in ms)
     seen.clear()
     monkeypatch.setattr(timing, "NEW_SHAPE_MAX_S", 0.0)
-    assert len(timing.new_shape_launch_samples(make, "cpu")) == 1 == len(seen)
+    assert len(timing.new_shape_launch_samples(make, "cpu")) == timing.LAUNCH_MIN_BURSTS == len(seen)
 
 
 def test_prefill_cases_time_a_launch_at_new_token_counts(monkeypatch):
