@@ -341,13 +341,13 @@ def format_kernels(records: list[dict], top: int = 3) -> str:
 def format_table(records: list[dict]) -> str:
     """A terminal table, one row per case, peers side by side (sorted by op, dtype, shape, then
     implementation): eager p50 with its p20-p80, the CUDA-graph p50, the host overhead and the host's launch
-    time per call where timed;
+    time per call (repeated, and at a new token count) where timed;
     then, where records carry a launch profile, `format_kernels`."""
     def f(v, spec):
         return "-" if v is None else format(v, spec)
     rows = _table_order(records)
     head = f"{'op':24s} {'impl':20s} {'dtype':9s} {'shape':40s} {'ms p50':>9s} {'[p20-p80]':>19s} " \
-           f"{'graph':>9s} {'host':>8s} {'launch':>8s} {'tok/s':>10s} {'GB/s':>8s} {'%copy':>6s}"
+           f"{'graph':>9s} {'host':>8s} {'launch':>8s} {'new T':>8s} {'tok/s':>10s} {'GB/s':>8s} {'%copy':>6s}"
     lines = [head, "-" * len(head)]
     for r in rows:
         shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
@@ -357,9 +357,10 @@ def format_table(records: list[dict]) -> str:
         lines.append(f"{r['op'][:24]:24s} {impl[:20]:20s} {r['dtype'][:9]:9s} {shape[:40]:40s} "
                      f"{f(r.get('ms_p50'), '.4g'):>9s} {spread:>19s} {f(r.get('graph_ms_p50'), '.4g'):>9s} "
                      f"{f(r.get('host_ms'), '.3g'):>8s} {f(r.get('launch_ms'), '.3g'):>8s} "
+                     f"{f(r.get('launch_new_ms'), '.3g'):>8s} "
                      f"{f(r.get('tok_s'), '.4g'):>10s} "
                      f"{f(r.get('gb_s'), '.4g'):>8s} {f(r.get('pct_copy_bw'), '.3g'):>6s}{err}")
     lines.append("(* = peer implementation; graph = CUDA-graph replay p50, host = eager - graph, launch = the "
-                 "host's time to issue one eager call; ms)")
+                 "host's time to issue one eager call, new T = one at a token count no call had before; ms)")
     kernels = format_kernels(records)
     return "\n".join(lines) + (f"\n\n{kernels}" if kernels else "")
