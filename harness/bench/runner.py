@@ -163,12 +163,18 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, leave=False)
 
 
+def _generator(device: str, seed: int) -> torch.Generator:
+    """The generator a case's inputs are drawn with: on the GPU for CUDA and XPU devices, else on the CPU."""
+    gen = torch.Generator(device=device if device.split(":")[0] in ("cuda", "xpu") else "cpu")
+    gen.manual_seed(seed)
+    return gen
+
+
 def case_inputs(case: Case, seed: int = 0, rotate: int | None = None) -> tuple[list[dict], list]:
     """The case's input sets and one backend callable per set (sets `case.bytes`)."""
     spec = OP_INPUTS[case.op]
     device = case.device
-    gen = torch.Generator(device=device if device.split(":")[0] in ("cuda", "xpu") else "cpu")
-    gen.manual_seed(seed)
+    gen = _generator(device, seed)
     first = spec.make(case.shape, case.dtype, device, gen)
     case.bytes = op_bytes(case.op, first)
     n_sets = rotate or rotation_count(case.bytes, device)
@@ -179,8 +185,7 @@ def case_inputs(case: Case, seed: int = 0, rotate: int | None = None) -> tuple[l
 def _new_token_calls(case: Case, seed: int):
     """`make(i)` for `new_shape_launch_samples`: the case's call at T + 16 (i + 1) tokens, inputs drawn anew."""
     spec = OP_INPUTS[case.op]
-    gen = torch.Generator(device=case.device if case.device.split(":")[0] in ("cuda", "xpu") else "cpu")
-    gen.manual_seed(seed + 1)
+    gen = _generator(case.device, seed + 1)
 
     def make(i: int):
         shape = {**case.shape, "T": case.shape["T"] + 16 * (i + 1)}

@@ -521,7 +521,8 @@ def _launch(kernel, grid, args: tuple, kw: dict, fixed: Fixed | None):
     if hit is None:
         cls = _class_of(kernel, device, args, kw) if cuda else None
         compiled = None if cls is None else plan.classes.get(cls)
-        if compiled is None:  # a specialisation not run before (or no class to tell): Triton's own path
+        fresh = compiled is None
+        if fresh:  # a specialisation not run before (or no class to tell): Triton's own path, which launches
             compiled = kernel[grid](*args, **kw)
             if cuda is None:  # the device's first call: its backend is known now
                 plan.backends[device] = cuda = kernel.device_caches[device][2].backend == "cuda"
@@ -530,14 +531,12 @@ def _launch(kernel, grid, args: tuple, kw: dict, fixed: Fixed | None):
             cls = cls or _class_of(kernel, device, args, kw)
             if cls is not None:
                 _bounded(plan.classes)[cls] = compiled
-            vals = launch_values(plan, args, kw)
-            if vals is not None:
-                _bounded(plan.compiled)[key] = (compiled, tuple(vals[len(args):]))
-            return compiled
         vals = launch_values(plan, args, kw)
-        if vals is None:
-            return kernel[grid](*args, **kw)
+        if vals is None:  # launched already, or left to Triton's path (which raises)
+            return compiled if fresh else kernel[grid](*args, **kw)
         hit = _bounded(plan.compiled)[key] = (compiled, tuple(vals[len(args):]))
+        if fresh:
+            return compiled
     compiled, rest = hit
     g = tuple(grid)
     compiled.run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, _driver.active.get_current_stream(device),
@@ -588,11 +587,9 @@ class HostPlans:
             return hit[3]
         made = self.build(validate(*call), call, *options)
         spans = alone_spans(call, (len(call) - 1,) + self.alone, self.same)
-        if len(self.plans) >= _MAX_KEYS:
-            self.plans.clear()
         if cfg is not None and not (self._copy is not None and self._copy == cfg):
             self._copy = _snapshot(cfg)  # never changed in place: plans made under equal values share it
-        self.plans[key] = (_ENV_READS[0], None if cfg is None else self._copy, spans, made)
+        _bounded(self.plans)[key] = (_ENV_READS[0], None if cfg is None else self._copy, spans, made)
         return made
 
 
